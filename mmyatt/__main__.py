@@ -1,0 +1,5 @@
+import sys
+
+from mmyatt.cli import main
+
+sys.exit(main())

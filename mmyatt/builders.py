@@ -1,0 +1,83 @@
+"""Config -> plain objects. Adapters and rewards never see config dataclasses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from mmyatt.config import ModelConfig, RewardConfig, RunConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_policy(m: ModelConfig):
+    if m.path is None:
+        raise ValueError("model.path is unset: prepare_run() builds the tiny model first")
+    if m.kind == "text":
+        from mmyatt.models.text import TextPolicy
+
+        return TextPolicy.load(
+            m.path,
+            dtype=DTYPES[m.dtype],
+            max_prompt_tokens=m.max_prompt_tokens,
+            prompt_overflow=m.prompt_overflow,
+            use_chat_template=m.use_chat_template,
+        )
+    raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine yet (issue #3)")
+
+
+def build_reward(r: RewardConfig):
+    from mmyatt.rewards.rules import WeightedReward
+
+    return WeightedReward([{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in r.functions])
+
+
+def manifest_paths(spec: str) -> list[str]:
+    paths = [p.strip() for p in spec.split(",") if p.strip()]
+    for p in paths:
+        if p.startswith("synthetic:"):
+            raise ValueError(f"{spec!r} must be resolved to files by prepare_run() first")
+    return paths
+
+
+def build_shard(cfg: RunConfig, rank: int, world_size: int):
+    from mmyatt.datasets.manifest import ShardedManifest
+
+    return ShardedManifest(
+        manifest_paths(cfg.data.train),
+        rank=rank,
+        world_size=world_size,
+        seed=cfg.trainer.seed,
+        shuffle=cfg.data.shuffle,
+        bad_lines=cfg.data.bad_lines,
+    )
+
+
+def eval_records(cfg: RunConfig, rank: int, world_size: int) -> list[dict]:
+    from mmyatt.datasets.manifest import ShardedManifest
+
+    m = ShardedManifest(
+        manifest_paths(cfg.data.eval),
+        rank=rank,
+        world_size=world_size,
+        seed=cfg.trainer.seed,
+        shuffle=False,
+        bad_lines=cfg.data.bad_lines,
+    )
+    limit = -(-cfg.data.eval_prompts // world_size)  # ceil: every rank scores its share
+    return m.eval_records(limit)
+
+
+def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
+    task = spec.split(":", 1)[1]
+    if task == "arithmetic":
+        from mmyatt.datasets.synthetic import write_arithmetic_task
+
+        return write_arithmetic_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+        )
+    raise ValueError(f"unknown synthetic task {task!r}; available: arithmetic")

@@ -1,0 +1,96 @@
+"""`mmyatt train | sft | serve-genrm | bench | inspect | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmyatt.config import ConfigError
+
+BENCHES = ("text-grpo",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mmyatt", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="RL training run: mmyatt train CONFIG [key=value ...]")
+    t.add_argument("config")
+    t.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.01")
+    t.add_argument("--run-dir", default=None, help="where the run goes (default runs/<name>)")
+
+    s = sub.add_parser("sft", help="supervised fine-tuning: mmyatt sft CONFIG [key=value ...]")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--run-dir", default=None)
+
+    g = sub.add_parser("serve-genrm", help="serve a generative reward model (OpenAI API subset)")
+    g.add_argument("model_dir")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=None)
+
+    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
+    b.add_argument("name", choices=BENCHES)
+    b.add_argument("--out", required=True, help="JSON file for the measured figures")
+    b.add_argument("--quick", action="store_true", help="smaller workload (for tests)")
+
+    i = sub.add_parser("inspect", help="summarise a run directory")
+    i.add_argument("run")
+
+    d = sub.add_parser("demo", help="the main demo job on the embedded default")
+    d.add_argument("--run-dir", default="runs/demo")
+    d.add_argument("overrides", nargs="*")
+
+    c = sub.add_parser("_controller", help=argparse.SUPPRESS)
+    c.add_argument("config")
+    c.add_argument("--run-dir", required=True)
+
+    args = p.parse_args(argv)
+    try:
+        return dispatch(args)
+    except ConfigError as e:
+        print(f"mmyatt: config error: {e}", file=sys.stderr)
+        return 2
+
+
+def dispatch(args) -> int:
+    if args.cmd == "train":
+        from mmyatt.run import train
+
+        return train(args.config, args.overrides, args.run_dir)
+    if args.cmd == "_controller":
+        from mmyatt.run import controller_main
+
+        return controller_main(args.config, [], args.run_dir)
+    if args.cmd == "sft":
+        from mmyatt.run import sft_command
+
+        return sft_command(args.config, args.overrides, args.run_dir)
+    if args.cmd == "serve-genrm":
+        raise NotImplementedError("serve-genrm lands with issue #5 (GenRM serving)")
+    if args.cmd == "bench":
+        from mmyatt.bench import run_bench
+
+        result = run_bench(args.name, quick=args.quick)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2))
+        return 0
+    if args.cmd == "inspect":
+        from mmyatt.run import print_summary
+
+        print_summary(Path(args.run))
+        return 0
+    if args.cmd == "demo":
+        from mmyatt.run import train
+
+        config = Path(__file__).resolve().parent.parent / "configs" / "text_grpo_tiny.yaml"
+        return train(str(config), args.overrides, args.run_dir)
+    raise AssertionError(args.cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

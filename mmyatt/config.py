@@ -1,0 +1,323 @@
+"""Typed configuration: one frozen dataclass per component, one YAML per recipe.
+
+``load_config(path, overrides)`` reads a recipe, applies dotted ``key=value``
+overrides from the command line and builds the dataclasses. Unknown keys, wrong
+types and values outside a ``Literal`` fail here, before any process starts, with
+the dotted key and the valid choices in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be turned into a valid config."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: Literal["text", "flow"] = "text"
+    path: str | None = None  # local HF / diffusers directory; None builds the tiny built-in
+    tiny_size: str = "qwen2-1m"  # built-in size when path is None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_prompt_tokens: int = 64
+    prompt_overflow: Literal["reject", "truncate"] = "reject"
+    use_chat_template: bool = False
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = "synthetic:arithmetic"  # JSONL path(s, comma separated) or synthetic:<task>
+    eval: str = "synthetic:arithmetic"
+    synthetic_train_size: int = 20000
+    synthetic_eval_size: int = 500
+    prompts_per_step: int = 16  # B, global over all controllers
+    shuffle: bool = True
+    bad_lines: Literal["fail", "skip"] = "fail"
+    eval_prompts: int = 500  # global, split over controllers
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    group_size: int = 8  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 8
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # DAPO clip-higher; equal to clip_low for symmetric PPO
+    dual_clip: float | None = None
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    kl_coef: float = 0.0  # 0 skips the reference entirely
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
+    max_refill_rounds: int = 3
+    overlong: Literal["none", "filter", "penalty"] = "none"
+    overlong_buffer: int = 4
+    overlong_penalty: float = 1.0
+    recompute_old_logprobs: bool = False  # use a fresh forward instead of sampling-time log-probs
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine"] = "constant"
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    functions: tuple[RewardSpec, ...] = (RewardSpec(name="numeric_match"),)
+    nonfinite: Literal["skip_step", "fail"] = "skip_step"
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start (``mmyatt sft`` and the optional ``sft`` phase of a recipe)."""
+
+    enabled: bool = False
+    max_steps: int = 3000
+    batch_size: int = 64
+    lr: float = 1e-3
+    eval_every: int = 100
+    stop_at_accuracy: float | None = None  # stop early once greedy held-out accuracy reaches it
+    eval_prompts: int = 200
+    target_key: str = "answer"
+    threads: int = 2  # SFT runs once, in the launching process, before controllers start
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    steps: int = 100
+    max_minutes: float | None = None  # stop training (then evaluate) after this wall time
+    eval_every: int = 0  # 0: only at the start and the end
+    log_every: int = 1
+    seed: int = 0
+    threads: int = 1  # torch threads per controller
+    save_rollouts_every: int = 10
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    nproc: int = 1  # controllers started by `mmyatt train` (ignored under an external torchrun)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build(cls: type, data: Any, where: str = "") -> Any:
+    """Turn nested dicts into the dataclass ``cls``, checking every key and type."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown config key {key!r}; valid keys here: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in data:
+            key = f"{where}.{name}" if where else name
+            kwargs[name] = _coerce(hints[name], data[name], key)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} fits none of {tp}")
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported config type {tp}")
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def apply_override(tree: dict, dotted: str) -> None:
+    """Apply one ``a.b.c=value`` override; the value is parsed as YAML (so 0.1, true, [1,2])."""
+    if "=" not in dotted:
+        raise ConfigError(f"override {dotted!r} must look like key.sub=value")
+    key, raw = dotted.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {dotted!r}: empty key component")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    node = tree
+    cls: Any = RunConfig
+    for i, p in enumerate(parts):
+        names = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if dataclasses.is_dataclass(cls) and p not in names:
+            where = ".".join(parts[:i]) or "top level"
+            raise ConfigError(
+                f"unknown config key {'.'.join(parts[: i + 1])!r}; valid keys at {where}: "
+                f"{', '.join(names)}"
+            )
+        if i == len(parts) - 1:
+            node[p] = value
+            return
+        hint = typing.get_type_hints(cls)[p] if dataclasses.is_dataclass(cls) else None
+        cls = hint if dataclasses.is_dataclass(hint) else None
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = nxt
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML: {e}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping")
+    for o in overrides:
+        apply_override(tree, o)
+    cfg = build(RunConfig, tree)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Cross-field checks that types alone cannot express."""
+    checks = [
+        (cfg.sampling.group_size >= 1, "sampling.group_size must be >= 1"),
+        (cfg.data.prompts_per_step >= 1, "data.prompts_per_step must be >= 1"),
+        (cfg.distributed.nproc >= 1, "distributed.nproc must be >= 1"),
+        (
+            cfg.data.prompts_per_step % cfg.distributed.nproc == 0,
+            f"data.prompts_per_step ({cfg.data.prompts_per_step}) must be divisible by "
+            f"distributed.nproc ({cfg.distributed.nproc})",
+        ),
+        (cfg.algorithm.minibatches >= 1, "algorithm.minibatches must be >= 1"),
+        (cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs must be >= 1"),
+        (cfg.algorithm.clip_low >= 0 and cfg.algorithm.clip_high >= 0, "clip ranges must be >= 0"),
+        (
+            cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,
+            "algorithm.dual_clip must be > 1 (or null)",
+        ),
+        (cfg.sampling.temperature > 0, "sampling.temperature must be > 0"),
+        (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
+        (cfg.optim.lr > 0, "optim.lr must be > 0"),
+        (len(cfg.reward.functions) > 0, "reward.functions must name at least one reward"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain data (lists, dicts, scalars) for YAML/JSON."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def dump_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

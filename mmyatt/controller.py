@@ -1,0 +1,342 @@
+"""The per-rank controller: shard -> rollout -> reward -> advantage -> update.
+
+Every training process runs one ``Controller``. It reads only its own records,
+generates its own rollouts (all G samples of a prompt on this rank), scores them,
+computes advantages and takes optimizer steps whose gradients are summed over all
+controllers. Between controllers travel gradients, scalar metrics and counts only.
+
+What this file deliberately leaves out: process start-up and run preparation
+(``mmyatt.launch``), config -> object building (``mmyatt.builders``), the math
+(``mmyatt.algorithms``), and anything modality-specific (the adapters in
+``mmyatt.models``). Reading ``step`` top to bottom is reading the algorithm.
+
+Equivalence across world sizes: a prompt's samples come from a generator seeded by
+(seed, epoch, record index), the loss is normalised by global counts and gradients
+are summed, so P controllers on 1/P of the data each take the same optimizer steps
+as one controller on all of it (``tests/test_controller.py`` checks this).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from mmyatt import algorithms as alg
+from mmyatt.config import RunConfig
+from mmyatt.distributed import Dist
+from mmyatt.metrics import MetricsLogger, PhaseTimer
+from mmyatt.models.protocol import Sampling, prompt_seed
+from mmyatt.rollout import Rollout
+
+
+class Controller:
+    def __init__(self, cfg: RunConfig, run_dir: Path, dist: Dist, *, policy, reward, shard,
+                 eval_records: list[dict], logger: MetricsLogger | None = None):
+        self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
+        self.policy, self.reward, self.shard = policy, reward, shard
+        self.eval_records = eval_records
+        self.logger = logger or MetricsLogger(run_dir, enabled=dist.is_main)
+        self.local_prompts = cfg.data.prompts_per_step // dist.world_size
+        params = [p for p in policy.module().parameters() if p.requires_grad]
+        self.params = params
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step_count = 0
+        self.last_rollout: Rollout | None = None
+        self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
+        if cfg.algorithm.kl_coef > 0:
+            policy.enable_reference()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> dict[str, float]:
+        """One RL step on this rank; returns globally reduced metrics."""
+        timer = PhaseTimer()
+        rollout, dyn = self.collect(timer)  # generate + reward (+ DAPO refill rounds)
+        if rollout is None:  # every group everywhere had equal rewards
+            return {**dyn, **timer.metrics()}
+        if self.dist.any(not torch.isfinite(rollout.rewards).all()):
+            self.counters["faults/nonfinite_reward_steps"] += 1
+            if self.cfg.reward.nonfinite == "fail":
+                raise FloatingPointError("non-finite reward in this step (reward.nonfinite=fail)")
+            return {**dyn, **timer.metrics(), "step/skipped_nonfinite_reward": 1.0}
+        with timer("advantage"):
+            rollout.advantages = self.advantages(rollout)
+        with timer("logprob"):
+            rollout = self.old_and_reference_logprobs(rollout)
+        with timer("update"):
+            upd = self.update(rollout)
+        self.last_rollout = rollout
+        return {**self.rollout_metrics(rollout), **dyn, **upd, **timer.metrics()}
+
+    # ------------------------------------------------------------------ phases
+    def collect(self, timer: PhaseTimer) -> tuple[Rollout | None, dict]:
+        """Generate and score this rank's prompts; with dynamic sampling, refill until the
+        global batch holds ``prompts_per_step`` groups with non-zero reward variance."""
+        a = self.cfg.algorithm
+        target = self.cfg.data.prompts_per_step
+        kept: list[Rollout] = []
+        local_groups = dropped = rounds = 0
+        while True:
+            records = self.shard.next_batch(self.local_prompts)
+            with timer("generate"):
+                r = self.generate(records, self.train_sampling())
+            with timer("reward"):
+                r = self.score(r)
+            if a.dynamic_sampling:
+                r, n_drop = self.drop_zero_variance_groups(r)
+                dropped += n_drop
+            if r is not None:
+                kept.append(r)
+                local_groups += len(r.group_slices())
+            global_groups = int(self.dist.sum(local_groups).item())
+            if not a.dynamic_sampling or global_groups >= target or rounds >= a.max_refill_rounds:
+                break
+            rounds += 1
+        quota = alg.allocate_quota(self.dist.gather_ints(local_groups), target)[self.dist.rank]
+        rollout = self._first_groups(kept, quota)
+        g = self.dist.sum_many({"kept": quota, "dropped": dropped, "gen": local_groups})
+        dyn = {"dynamic/refill_rounds": float(rounds)}
+        if a.dynamic_sampling:
+            dyn.update({
+                "dynamic/kept_groups": g["kept"],
+                "dynamic/dropped_groups": g["dropped"],
+                "dynamic/discarded_groups": g["gen"] - g["kept"],
+            })
+        if int(self.dist.sum(quota).item()) == 0:
+            return None, dyn
+        return rollout, dyn
+
+    def generate(self, records: list[dict], sampling: Sampling) -> Rollout:
+        seeds = [prompt_seed(self.cfg.trainer.seed, r.get("_epoch", 0), r["_index"]) for r in records]
+        return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
+
+    def score(self, r: Rollout) -> Rollout:
+        rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+        a = self.cfg.algorithm
+        if a.overlong == "penalty":
+            lengths = r.mask.sum(1).long()
+            pen = alg.overlong_penalty(
+                lengths, self.cfg.sampling.max_new_tokens, a.overlong_buffer, a.overlong_penalty
+            )
+            parts = {**parts, "overlong_penalty": pen}
+            rewards = rewards + pen
+        r.rewards, r.reward_parts = rewards.float(), parts
+        return r
+
+    def drop_zero_variance_groups(self, r: Rollout) -> tuple[Rollout | None, int]:
+        index = self.group_index(r)
+        keep = alg.group_has_variance(r.rewards, index)
+        # non-finite rewards must reach the skip check in `step`, so such groups stay
+        keep[index[~torch.isfinite(r.rewards)]] = True
+        idx = [i for i, g in enumerate(index.tolist()) if keep[g]]
+        n_drop = int((~keep).sum())
+        return (r.select(idx) if idx else None), n_drop
+
+    def advantages(self, r: Rollout) -> torch.Tensor:
+        reduce = self.dist.sum if self.dist.active else None
+        return alg.compute_advantages(
+            self.cfg.algorithm.advantage, r.rewards, self.group_index(r), reduce=reduce
+        )
+
+    def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
+        a = self.cfg.algorithm
+        with torch.no_grad():
+            if a.recompute_old_logprobs:
+                r.logprobs = self.policy.logprobs(r).detach()
+            if a.kl_coef > 0:
+                r.ref_logprobs = self.policy.reference_logprobs(r).detach()
+        if a.overlong == "filter" and r.truncated is not None:
+            r.mask = alg.overlong_filter_mask(r.mask, r.truncated)
+        return r
+
+    def update(self, r: Rollout) -> dict[str, float]:
+        """PPO epochs x minibatches; each minibatch is one optimizer step on every rank."""
+        a = self.cfg.algorithm
+        sums: dict[str, float] = {}
+        steps = skipped = 0
+        for _ in range(a.ppo_epochs):
+            for mb in self._minibatches(r, a.minibatches):
+                stats = self._minibatch_step(mb)
+                if stats is None:
+                    skipped += 1
+                    continue
+                steps += 1
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        self.step_count += 1
+        out = {k: v / max(steps, 1) for k, v in sums.items()}
+        out["train/optimizer_steps"] = float(steps)
+        out["train/lr"] = self.scheduler.get_last_lr()[0]
+        if skipped:
+            self.counters["faults/nonfinite_loss_steps"] += 1
+            out["step/skipped_nonfinite_loss_minibatches"] = float(skipped)
+        return out
+
+    def _minibatch_step(self, mb: Rollout | None) -> dict[str, float] | None:
+        a = self.cfg.algorithm
+        self.optimizer.zero_grad(set_to_none=True)
+        local: dict[str, float] = {"tokens": 0.0}
+        if mb is not None and len(mb):
+            lp, ent = self.policy.logprobs(mb, with_entropy=True)
+            mask = mb.mask
+            loss_mat, m = alg.ppo_clip_loss(
+                lp, mb.logprobs, mb.advantages, mask,
+                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+            )
+            if a.kl_coef > 0:
+                kl = alg.kl_penalty(lp, mb.ref_logprobs, a.kl_estimator)
+                loss_mat = loss_mat + a.kl_coef * torch.where(mask.bool(), kl, 0.0)
+                local["kl"] = float(alg.masked_mean(kl.detach(), mask)) * float(mask.sum())
+            if a.entropy_coef:
+                loss_mat = loss_mat - a.entropy_coef * torch.where(mask.bool(), ent, 0.0)
+            num, den = alg.loss_terms(loss_mat, mask, a.loss_agg, max_len=mb.num_actions)
+            ntok = float(mask.sum())
+            local.update({"tokens": ntok, "den": float(den), "num": float(num.detach())})
+            local["entropy"] = float(alg.masked_mean(ent.detach(), mask)) * ntok
+            for k in ("clip_frac", "ratio_mean", "approx_kl"):
+                local[k] = float(m[k]) * ntok
+        else:
+            num, local["den"], local["num"] = None, 0.0, 0.0
+        g = self.dist.sum_many(local)
+        if g["den"] <= 0:
+            return {}
+        if num is not None:
+            (num / g["den"]).backward()
+        self.dist.sum_grads(self.params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        if self.dist.any(not (math.isfinite(g["num"]) and torch.isfinite(grad_norm))):
+            self.optimizer.zero_grad(set_to_none=True)  # never apply a NaN/inf update
+            return None
+        self.optimizer.step()
+        self.scheduler.step()
+        tok = max(g["tokens"], 1.0)
+        out = {"train/loss": g["num"] / g["den"], "train/grad_norm": float(grad_norm)}
+        for k in ("entropy", "clip_frac", "ratio_mean", "approx_kl", "kl"):
+            if k in g:
+                out[f"train/{k}"] = g[k] / tok
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Held-out prompts, one sample each, greedy; this rank scores its own share."""
+        recs = self.eval_records
+        if not recs:
+            return {}
+        s = self.eval_sampling()
+        total, count, parts_sum = 0.0, 0, {}
+        bs = 64
+        with torch.no_grad():
+            for i in range(0, len(recs), bs):
+                chunk = recs[i : i + bs]
+                seeds = [prompt_seed(self.cfg.trainer.seed + 1, "eval", r["_index"]) for r in chunk]
+                r = self.policy.generate(chunk, 1, s, seeds)
+                rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+                total += float(rewards.sum())
+                count += len(chunk)
+                for k, v in parts.items():
+                    parts_sum[k] = parts_sum.get(k, 0.0) + float(v.sum())
+        g = self.dist.sum_many({"total": total, "count": count, **parts_sum})
+        n = max(g.pop("count"), 1.0)
+        out = {"eval/reward/mean": g.pop("total") / n}
+        out.update({f"eval/reward/{k}": v / n for k, v in g.items()})
+        return out
+
+    # ------------------------------------------------------------------ metrics and helpers
+    def rollout_metrics(self, r: Rollout) -> dict[str, float]:
+        n, lengths = len(r), r.mask.sum(1)
+        local = {
+            "n": n,
+            "reward": float(r.rewards.sum()),
+            "reward_sq": float((r.rewards**2).sum()),
+            "len": float(lengths.sum()),
+            "trunc": float(r.truncated.sum()) if r.truncated is not None else 0.0,
+            "adv_abs": float(r.advantages.abs().sum()),
+        }
+        for k, v in r.reward_parts.items():
+            local[f"part/{k}"] = float(v.sum())
+        g = self.dist.sum_many(local)
+        n = max(g["n"], 1.0)
+        mean = g["reward"] / n
+        out = {
+            "reward/mean": mean,
+            "reward/std": math.sqrt(max(g["reward_sq"] / n - mean**2, 0.0)),
+            "response_length/mean": g["len"] / n,
+            "response_length/truncated_frac": g["trunc"] / n,
+            "advantage/abs_mean": g["adv_abs"] / n,
+            "rollout/samples": g["n"],
+            "rollout/tokens": g["len"],
+        }
+        out.update({f"reward/{k[5:]}": v / n for k, v in g.items() if k.startswith("part/")})
+        return out
+
+    def train_sampling(self) -> Sampling:
+        s = self.cfg.sampling
+        return Sampling(temperature=s.temperature, top_p=s.top_p,
+                        max_new_tokens=s.max_new_tokens, stop=s.stop)
+
+    def eval_sampling(self) -> Sampling:
+        return replace(self.train_sampling(), greedy=True)
+
+    @staticmethod
+    def group_index(r: Rollout) -> torch.Tensor:
+        index = torch.empty(len(r), dtype=torch.long)
+        for g, sl in enumerate(r.group_slices()):
+            index[sl] = g
+        return index
+
+    @staticmethod
+    def _first_groups(parts: list[Rollout], n_groups: int) -> Rollout | None:
+        if n_groups == 0 or not parts:
+            return None
+        r = Rollout.concat(parts)
+        slices = r.group_slices()[:n_groups]
+        return r.select([i for sl in slices for i in range(sl.start, sl.stop)])
+
+    @staticmethod
+    def _minibatches(r: Rollout, m: int) -> list[Rollout | None]:
+        """m chunks of whole groups, in order; a rank with fewer groups gets empty chunks,
+        so every rank takes the same number of optimizer steps."""
+        slices = r.group_slices()
+        per, extra = divmod(len(slices), m)
+        out, start = [], 0
+        for i in range(m):
+            k = per + (1 if i < extra else 0)
+            chunk = slices[start : start + k]
+            start += k
+            idx = [j for sl in chunk for j in range(sl.start, sl.stop)]
+            out.append(r.select(idx) if idx else None)
+        return out
+
+    def _lr_factor(self, step: int) -> float:
+        o, total = self.cfg.optim, max(self.cfg.trainer.steps, 1)
+        warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0
+        if o.schedule == "cosine":
+            return warm * 0.5 * (1 + math.cos(math.pi * min(step / total, 1.0)))
+        return warm
+
+    def save_rollouts(self, step: int, r: Rollout) -> None:
+        path = self.run_dir / "rollouts" / f"rank{self.dist.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            for i in range(len(r)):
+                row = {
+                    "step": step,
+                    "prompt_id": r.prompt_ids[i],
+                    "prompt": r.records[i].get("prompt"),
+                    "output": r.outputs[i] if isinstance(r.outputs[i], str) else None,
+                    "reward": float(r.rewards[i]),
+                    "parts": {k: float(v[i]) for k, v in r.reward_parts.items()},
+                }
+                f.write(json.dumps(row) + "\n")
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,138 @@
+"""Process groups and the few collectives controllers need.
+
+Controllers exchange gradients, scalar metrics and counts — never rollouts or media.
+On CPU the backend is gloo; under CUDA, NCCL. ``launch`` starts P controllers with
+torchrun's launcher (the same thing an external ``torchrun`` does), so a run started
+by hand under torchrun and one started by ``mmyatt train distributed.nproc=P`` take
+the same code path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+class Dist:
+    """This controller's place in the group, and sums over all controllers."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def sum(self, t: Tensor | float) -> Tensor:
+        """Sum of ``t`` over controllers (a new tensor; ``t`` is left alone)."""
+        out = torch.as_tensor(t, dtype=torch.float64, device=self.device).clone()
+        if self.active:
+            dist.all_reduce(out)
+        return out
+
+    def sum_many(self, values: dict[str, float]) -> dict[str, float]:
+        """One all-reduce for a dict of scalars."""
+        if not values:
+            return {}
+        keys = sorted(values)
+        vec = self.sum(torch.tensor([float(values[k]) for k in keys], dtype=torch.float64))
+        return dict(zip(keys, vec.tolist()))
+
+    def any(self, flag: bool) -> bool:
+        return bool(self.sum(1.0 if flag else 0.0).item() > 0)
+
+    def gather_ints(self, value: int) -> list[int]:
+        t = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        t[self.rank] = value
+        return [int(v) for v in self.sum(t).tolist()]
+
+    def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """All-reduce (sum) gradients in one flat buffer; a missing grad counts as zero."""
+        params = [p for p in params if p.requires_grad]
+        if not self.active or not params:
+            return
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        dist.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def broadcast_object(self, obj=None):
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_from_env(backend: str = "auto") -> Dist:
+    """Join the process group described by torchrun's env vars, or run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world <= 1:
+        return Dist(0, 1, "cpu")
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = "cpu"
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return Dist(rank, world, device)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def under_launcher() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def launch(nproc: int, argv: list[str], *, max_restarts: int = 0) -> int:
+    """Run ``python -m mmyatt <argv>`` as ``nproc`` controllers under torchrun's launcher."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--nnodes=1",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-backend=c10d",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "mmyatt",
+        *argv,
+    ]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCHELASTIC_ERROR_FILE", "")
+    return subprocess.call(cmd, env=env)

@@ -1,0 +1,83 @@
+"""Run outputs that people read: metrics.jsonl, TensorBoard, progress, phase timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class PhaseTimer:
+    """Wall time per phase of a step, e.g. ``with timer("generate"): ...``."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        total = sum(self.seconds.values()) or 1.0
+        out = {f"timing/{k}_s": v for k, v in self.seconds.items()}
+        out.update({f"timing/{k}_share": v / total for k, v in self.seconds.items()})
+        return out
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step; only the main controller writes."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tb = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+                except ImportError:  # tensorboard is a dependency; tolerate a trimmed install
+                    self._tb = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step)}
+        for k in sorted(metrics):
+            v = metrics[k]
+            if isinstance(v, float) and not math.isfinite(v):
+                v = str(v)  # JSON has no NaN; keep the fact visible
+            row[k] = v
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+
+    def add_image(self, tag: str, image, step: int) -> None:
+        if self.enabled and self._tb is not None:
+            import numpy as np
+
+            self._tb.add_image(tag, np.asarray(image), step, dataformats="HWC")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

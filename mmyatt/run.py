@@ -1,0 +1,226 @@
+"""Start a run: resolve and save the config, prepare data and the initial model once,
+then start P controllers (or join an external torchrun) and drive their loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mmyatt import builders
+from mmyatt.config import RunConfig, dump_yaml, load_config
+from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
+from mmyatt.metrics import MetricsLogger
+
+
+def resolve_run_dir(cfg: RunConfig, run_dir: str | None) -> Path:
+    return Path(run_dir) if run_dir else Path("runs") / cfg.name
+
+
+def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
+    """Everything done once per run before controllers start: synthetic data files,
+    the tiny built-in model, the SFT warm start. Returns the resolved config."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = cfg.data
+    if data.train.startswith("synthetic:") or data.eval.startswith("synthetic:"):
+        if data.train != data.eval:
+            raise ValueError("a synthetic task makes both splits: set data.train == data.eval")
+        train, ev = builders.synthetic_task(data.train, run_dir / "data", cfg)
+        log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
+        data = dataclasses.replace(data, train=str(train), eval=str(ev))
+    cfg = dataclasses.replace(cfg, data=data)
+    model = cfg.model
+    if model.path is None:
+        model = dataclasses.replace(model, path=str(build_tiny(cfg, run_dir / "base_model", log)))
+        cfg = dataclasses.replace(cfg, model=model)
+    if cfg.sft.enabled:
+        from mmyatt.sft import run_sft
+
+        out = run_dir / "sft_model"
+        run_sft(cfg, out, log=log)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))
+    return cfg
+
+
+def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
+    if (out / "config.json").exists():
+        return out
+    if cfg.model.kind != "text":
+        raise NotImplementedError("tiny built-ins for this model kind land with issue #3")
+    from mmyatt.datasets.manifest import ShardedManifest
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    recs = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False).eval_records(5000)
+    corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
+    t0 = time.perf_counter()
+    path = build_tiny_text_model(out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed)
+    log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
+    return Path(path)
+
+
+def train(config: str | None, overrides: list[str], run_dir: str | None = None) -> int:
+    """`mmyatt train`: the launching process. Controllers re-enter through `controller_main`."""
+    cfg = load_config(config, overrides)
+    rd = resolve_run_dir(cfg, run_dir)
+    if under_launcher():  # an external torchrun started us: every rank is a controller
+        dist = init_from_env(cfg.distributed.backend)
+        if dist.is_main:
+            cfg = prepare_and_save(cfg, rd)
+        dist.barrier()
+        return controller_main(str(rd / "config.yaml"), [], str(rd))
+    cfg = prepare_and_save(cfg, rd)
+    argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
+    if cfg.distributed.nproc > 1:
+        rc = launch(cfg.distributed.nproc, argv)
+        if rc == 0:
+            print_summary(rd)
+        return rc
+    return controller_main(str(rd / "config.yaml"), [], str(rd))
+
+
+def prepare_and_save(cfg: RunConfig, rd: Path) -> RunConfig:
+    rd.mkdir(parents=True, exist_ok=True)
+    cfg = prepare_run(cfg, rd)
+    (rd / "config.yaml").write_text(dump_yaml(cfg))
+    print("[config] resolved:\n" + dump_yaml(cfg), flush=True)
+    return cfg
+
+
+def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
+    """One controller (one rank): build, loop, evaluate, export."""
+    cfg = load_config(config, overrides)
+    rd = Path(run_dir)
+    torch.set_num_threads(cfg.trainer.threads)
+    dist = init_from_env(cfg.distributed.backend)
+    try:
+        torch.manual_seed(cfg.trainer.seed)
+        from mmyatt.controller import Controller
+
+        ctl = Controller(
+            cfg,
+            rd,
+            dist,
+            policy=builders.build_policy(cfg.model),
+            reward=builders.build_reward(cfg.reward),
+            shard=builders.build_shard(cfg, dist.rank, dist.world_size),
+            eval_records=builders.eval_records(cfg, dist.rank, dist.world_size),
+        )
+        loop(ctl, cfg, dist)
+    finally:
+        shutdown()
+    if not dist.active:
+        print_summary(rd)
+    return 0
+
+
+def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
+    t = cfg.trainer
+    log = ctl.logger
+    say = print if dist.is_main else (lambda *a, **k: None)
+    say(f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
+        f"{cfg.sampling.group_size} samples per step, {t.steps} steps", flush=True)
+    ev = ctl.evaluate()
+    log.log(0, ev)
+    say(f"[eval] step 0: " + fmt(ev), flush=True)
+    bar = None
+    if dist.is_main and t.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=t.steps, desc="grpo", file=sys.stdout, dynamic_ncols=True)
+    start = time.perf_counter()
+    step = 0
+    for step in range(1, t.steps + 1):
+        t0 = time.perf_counter()
+        m = ctl.step()
+        dt = time.perf_counter() - t0
+        m["timing/step_s"] = dt
+        if "rollout/samples" in m:
+            m["throughput/samples_per_s"] = m["rollout/samples"] / dt
+            m["throughput/tokens_per_s"] = m["rollout/tokens"] / dt
+        m["data/skipped"] = float(dist.sum(ctl.shard.num_skipped).item())
+        m.update({k: float(v) for k, v in ctl.counters.items()})
+        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+            m.update(ctl.evaluate())
+        if step % t.log_every == 0:
+            log.log(step, m)
+        if t.save_rollouts_every and step % t.save_rollouts_every == 0 and ctl.last_rollout:
+            ctl.save_rollouts(step, ctl.last_rollout)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(
+                f"reward {m.get('reward/mean', float('nan')):.3f} "
+                f"len {m.get('response_length/mean', float('nan')):.1f}"
+            )
+        elapsed_min = (time.perf_counter() - start) / 60
+        stop = t.max_minutes is not None and dist.any(elapsed_min >= t.max_minutes)
+        if stop:
+            say(f"\n[train] time budget of {t.max_minutes} min reached at step {step}", flush=True)
+            break
+    if bar is not None:
+        bar.close()
+    ev = ctl.evaluate()
+    rss = dist.gather_ints(peak_rss_mb())
+    mem = {f"memory/peak_rss_mb_rank{r}": float(v) for r, v in enumerate(rss)}
+    log.log(step, {**ev, **mem, "train/minutes": (time.perf_counter() - start) / 60})
+    say(f"[eval] step {step}: " + fmt(ev), flush=True)
+    if dist.is_main:
+        out = ctl.run_dir / "checkpoints" / "final"
+        ctl.policy.save(str(out))
+        say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
+    log.close()
+    dist.barrier()
+
+
+def peak_rss_mb() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+
+
+def fmt(m: dict) -> str:
+    return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items())
+
+
+def print_summary(run_dir: Path) -> dict:
+    """The before/after table for a finished run."""
+    from mmyatt.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+    if not evals:
+        print(f"[summary] no eval rows in {run_dir}/metrics.jsonl")
+        return {}
+    first, last = evals[0], evals[-1]
+    keys = [k for k in last if k.startswith("eval/")]
+    print(f"\n[summary] {run_dir}")
+    print(f"  {'metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}{'change':>10}")
+    out = {}
+    for k in keys:
+        a, b = first.get(k), last.get(k)
+        if isinstance(a, int | float) and isinstance(b, int | float):
+            print(f"  {k:<32}{a:>12.4f}{b:>12.4f}{b - a:>+10.4f}")
+            out[k] = {"first": a, "last": b, "change": b - a}
+    train_rows = [r for r in rows if "timing/step_s" in r]
+    if train_rows:
+        sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
+        print(f"  steps {len(train_rows)}, mean samples/s {sps:.1f}")
+    (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
+    """`mmyatt sft`: prepare data and the initial model, run SFT, write an HF checkpoint."""
+    cfg = load_config(config, overrides)
+    rd = resolve_run_dir(cfg, run_dir)
+    cfg = prepare_run(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, enabled=False)), rd)
+    from mmyatt.sft import run_sft
+
+    out = rd / "checkpoints" / "sft"
+    result = run_sft(cfg, out)
+    (rd / "config.yaml").write_text(dump_yaml(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))))
+    (rd / "sft.json").write_text(json.dumps(result, indent=2))
+    return 0
