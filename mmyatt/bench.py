@@ -30,16 +30,31 @@ def run_bench(name: str, quick: bool = False) -> dict:
 def _machine() -> dict:
     import os
 
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "cpus": os.cpu_count(), "platform": platform.platform()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
 
 
 def _train(config: Path, run_dir: Path, overrides: list[str]) -> float:
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "mmyatt", "train", str(config), "--run-dir", str(run_dir), *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmyatt",
+        "train",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        *overrides,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"benchmark run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return time.perf_counter() - t0
 
 
@@ -47,24 +62,40 @@ def bench_text_grpo(quick: bool) -> dict:
     """The same GRPO workload (B=16 prompts x G=8 samples, 16 new tokens, tiny Qwen2)
     on 1 and on 2 controllers, each controller with one thread."""
     steps = 3 if quick else 8
-    out: dict = {"benchmark": "text-grpo", "machine": _machine(), "steps": steps,
-                 "warmup_steps_excluded": 1}
+    out: dict = {
+        "benchmark": "text-grpo",
+        "machine": _machine(),
+        "steps": steps,
+        "warmup_steps_excluded": 1,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for p in (1, 2):
             rd = Path(tmp) / f"p{p}"
-            wall = _train(CONFIGS / "bench_text_grpo.yaml", rd,
-                          [f"distributed.nproc={p}", f"trainer.steps={steps}"])
+            wall = _train(
+                CONFIGS / "bench_text_grpo.yaml",
+                rd,
+                [f"distributed.nproc={p}", f"trainer.steps={steps}"],
+            )
             rows = [r for r in read_metrics(rd) if "timing/step_s" in r][1:]  # drop warm-up step
             secs = sum(r["timing/step_s"] for r in rows)
             samples = sum(r["rollout/samples"] for r in rows)
             tokens = sum(r["rollout/tokens"] for r in rows)
-            phases = sorted({k[7:-6] for r in rows for k in r if k.startswith("timing/") and k.endswith("_share")})
+            phases = sorted(
+                {
+                    k[7:-6]
+                    for r in rows
+                    for k in r
+                    if k.startswith("timing/") and k.endswith("_share")
+                }
+            )
             last = read_metrics(rd)[-1]
             rss = [v for k, v in sorted(last.items()) if k.startswith("memory/peak_rss_mb_rank")]
             out[f"samples_per_s_{p}proc"] = samples / secs
             out[f"tokens_per_s_{p}proc"] = tokens / secs
             out[f"step_s_{p}proc"] = secs / len(rows)
-            out[f"phase_share_{p}proc"] = {ph: sum(r.get(f"timing/{ph}_share", 0) for r in rows) / len(rows) for ph in phases}
+            out[f"phase_share_{p}proc"] = {
+                ph: sum(r.get(f"timing/{ph}_share", 0) for r in rows) / len(rows) for ph in phases
+            }
             out[f"peak_rss_mb_{p}proc"] = rss
             out[f"wall_s_{p}proc"] = wall
     out["peak_rss_mb_per_controller"] = out["peak_rss_mb_2proc"]

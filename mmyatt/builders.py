@@ -30,7 +30,9 @@ def build_policy(m: ModelConfig):
 def build_reward(r: RewardConfig):
     from mmyatt.rewards.rules import WeightedReward
 
-    return WeightedReward([{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in r.functions])
+    return WeightedReward(
+        [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in r.functions]
+    )
 
 
 def manifest_paths(spec: str) -> list[str]:

@@ -243,7 +243,9 @@ def apply_override(tree: dict, dotted: str) -> None:
     node = tree
     cls: Any = RunConfig
     for i, p in enumerate(parts):
-        names = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        names = (
+            {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        )
         if dataclasses.is_dataclass(cls) and p not in names:
             where = ".".join(parts[:i]) or "top level"
             raise ConfigError(

@@ -35,8 +35,18 @@ from mmyatt.rollout import Rollout
 
 
 class Controller:
-    def __init__(self, cfg: RunConfig, run_dir: Path, dist: Dist, *, policy, reward, shard,
-                 eval_records: list[dict], logger: MetricsLogger | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        dist: Dist,
+        *,
+        policy,
+        reward,
+        shard,
+        eval_records: list[dict],
+        logger: MetricsLogger | None = None,
+    ):
         self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
         self.policy, self.reward, self.shard = policy, reward, shard
         self.eval_records = eval_records
@@ -105,17 +115,21 @@ class Controller:
         g = self.dist.sum_many({"kept": quota, "dropped": dropped, "gen": local_groups})
         dyn = {"dynamic/refill_rounds": float(rounds)}
         if a.dynamic_sampling:
-            dyn.update({
-                "dynamic/kept_groups": g["kept"],
-                "dynamic/dropped_groups": g["dropped"],
-                "dynamic/discarded_groups": g["gen"] - g["kept"],
-            })
+            dyn.update(
+                {
+                    "dynamic/kept_groups": g["kept"],
+                    "dynamic/dropped_groups": g["dropped"],
+                    "dynamic/discarded_groups": g["gen"] - g["kept"],
+                }
+            )
         if int(self.dist.sum(quota).item()) == 0:
             return None, dyn
         return rollout, dyn
 
     def generate(self, records: list[dict], sampling: Sampling) -> Rollout:
-        seeds = [prompt_seed(self.cfg.trainer.seed, r.get("_epoch", 0), r["_index"]) for r in records]
+        seeds = [
+            prompt_seed(self.cfg.trainer.seed, r.get("_epoch", 0), r["_index"]) for r in records
+        ]
         return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
 
     def score(self, r: Rollout) -> Rollout:
@@ -188,8 +202,13 @@ class Controller:
             lp, ent = self.policy.logprobs(mb, with_entropy=True)
             mask = mb.mask
             loss_mat, m = alg.ppo_clip_loss(
-                lp, mb.logprobs, mb.advantages, mask,
-                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+                lp,
+                mb.logprobs,
+                mb.advantages,
+                mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                dual_clip=a.dual_clip,
             )
             if a.kl_coef > 0:
                 kl = alg.kl_penalty(lp, mb.ref_logprobs, a.kl_estimator)
@@ -279,8 +298,9 @@ class Controller:
 
     def train_sampling(self) -> Sampling:
         s = self.cfg.sampling
-        return Sampling(temperature=s.temperature, top_p=s.top_p,
-                        max_new_tokens=s.max_new_tokens, stop=s.stop)
+        return Sampling(
+            temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, stop=s.stop
+        )
 
     def eval_sampling(self) -> Sampling:
         return replace(self.train_sampling(), greedy=True)

@@ -14,7 +14,6 @@ import torch
 from mmyatt import builders
 from mmyatt.config import RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
-from mmyatt.metrics import MetricsLogger
 
 
 def resolve_run_dir(cfg: RunConfig, run_dir: str | None) -> Path:
@@ -54,10 +53,14 @@ def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
     from mmyatt.datasets.manifest import ShardedManifest
     from mmyatt.models.tiny import build_tiny_text_model
 
-    recs = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False).eval_records(5000)
+    recs = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False).eval_records(
+        5000
+    )
     corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
     t0 = time.perf_counter()
-    path = build_tiny_text_model(out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed)
+    path = build_tiny_text_model(
+        out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
+    )
     log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
     return Path(path)
 
@@ -121,11 +124,14 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     t = cfg.trainer
     log = ctl.logger
     say = print if dist.is_main else (lambda *a, **k: None)
-    say(f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
-        f"{cfg.sampling.group_size} samples per step, {t.steps} steps", flush=True)
+    say(
+        f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
+        f"{cfg.sampling.group_size} samples per step, {t.steps} steps",
+        flush=True,
+    )
     ev = ctl.evaluate()
     log.log(0, ev)
-    say(f"[eval] step 0: " + fmt(ev), flush=True)
+    say("[eval] step 0: " + fmt(ev), flush=True)
     bar = None
     if dist.is_main and t.progress:
         from tqdm import tqdm
@@ -197,7 +203,9 @@ def print_summary(run_dir: Path) -> dict:
     first, last = evals[0], evals[-1]
     keys = [k for k in last if k.startswith("eval/")]
     print(f"\n[summary] {run_dir}")
-    print(f"  {'metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}{'change':>10}")
+    print(
+        f"  {'metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}{'change':>10}"
+    )
     out = {}
     for k in keys:
         a, b = first.get(k), last.get(k)
@@ -221,6 +229,8 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
 
     out = rd / "checkpoints" / "sft"
     result = run_sft(cfg, out)
-    (rd / "config.yaml").write_text(dump_yaml(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))))
+    (rd / "config.yaml").write_text(
+        dump_yaml(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out))))
+    )
     (rd / "sft.json").write_text(json.dumps(result, indent=2))
     return 0

@@ -49,8 +49,10 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     rng = random.Random(cfg.trainer.seed)
     t0 = time.perf_counter()
     acc, step, history = 0.0, 0, []
-    log(f"[sft] up to {s.max_steps} steps, batch {s.batch_size}, lr {s.lr}, "
-        f"stop at held-out accuracy {s.stop_at_accuracy}")
+    log(
+        f"[sft] up to {s.max_steps} steps, batch {s.batch_size}, lr {s.lr}, "
+        f"stop at held-out accuracy {s.stop_at_accuracy}"
+    )
     for step in range(1, s.max_steps + 1):
         batch = train.next_batch(s.batch_size)
         rng.shuffle(batch)
@@ -62,8 +64,10 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
         if step % s.eval_every == 0 or step == s.max_steps:
             acc = greedy_accuracy(policy, reward, held, cfg.sampling.max_new_tokens)
             history.append({"step": step, "loss": float(loss), "accuracy": acc})
-            log(f"[sft] step {step} loss {float(loss):.4f} held-out greedy accuracy {acc:.3f} "
-                f"({time.perf_counter() - t0:.0f}s)")
+            log(
+                f"[sft] step {step} loss {float(loss):.4f} held-out greedy accuracy {acc:.3f} "
+                f"({time.perf_counter() - t0:.0f}s)"
+            )
             if s.stop_at_accuracy is not None and acc >= s.stop_at_accuracy:
                 break
     policy.save(str(out_dir))

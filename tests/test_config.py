@@ -11,7 +11,9 @@ def write(tmp_path, text):
 
 def test_defaults_and_overrides(tmp_path):
     p = write(tmp_path, "name: x\nalgorithm:\n  kl_coef: 0.0\n")
-    cfg = load_config(p, ["algorithm.kl_coef=0.01", 'sampling.stop=["\\n"]', "optim.betas=[0.9,0.95]"])
+    cfg = load_config(
+        p, ["algorithm.kl_coef=0.01", 'sampling.stop=["\\n"]', "optim.betas=[0.9,0.95]"]
+    )
     assert isinstance(cfg, RunConfig)
     assert cfg.algorithm.kl_coef == 0.01
     assert cfg.sampling.stop == ("\n",)

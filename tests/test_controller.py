@@ -1,0 +1,158 @@
+"""Engine behaviour on a bandit policy: learning, dynamic sampling across 2 ranks,
+1-vs-2 controller equivalence, non-finite rewards never applied."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from bandit_policy import BanditPolicy
+
+from mmyatt.config import load_config
+from mmyatt.controller import Controller
+from mmyatt.datasets.manifest import ShardedManifest
+from mmyatt.datasets.synthetic import write_jsonl
+from mmyatt.distributed import Dist, free_port, init_from_env, shutdown
+from mmyatt.rewards.rules import WeightedReward
+
+
+def arm_reward(completion: str, record: dict) -> float:
+    kind = record.get("kind", "learn")
+    if kind == "always":
+        return 1.0
+    if kind == "never":
+        return 0.0
+    if kind == "nan":
+        return float("nan")
+    return float(completion == record["answer"])
+
+
+def write_manifest(path: Path, kinds: list[str]) -> Path:
+    recs = [
+        {"prompt": f"p{i}", "answer": "2", "kind": k, "id": f"r{i}"} for i, k in enumerate(kinds)
+    ]
+    write_jsonl(path, recs)
+    return path
+
+
+def make_controller(tmp: Path, manifest: Path, dist: Dist, overrides: list[str]) -> Controller:
+    cfg = load_config(
+        None,
+        [
+            "sampling.group_size=4",
+            "data.prompts_per_step=4",
+            "optim.lr=0.1",
+            "optim.grad_clip=100",
+            "reward.functions=[{name: 'test_controller:arm_reward'}]",
+            *overrides,
+        ],
+    )
+    return Controller(
+        cfg,
+        tmp,
+        dist,
+        policy=BanditPolicy(seed=0),
+        reward=WeightedReward([{"name": "test_controller:arm_reward"}]),
+        shard=ShardedManifest(
+            [str(manifest)], rank=dist.rank, world_size=dist.world_size, seed=0, shuffle=True
+        ),
+        eval_records=[],
+    )
+
+
+def test_bandit_reward_goes_up(tmp_path):
+    m = write_manifest(tmp_path / "m.jsonl", ["learn"] * 32)
+    ctl = make_controller(tmp_path, m, Dist(), [])
+    first = ctl.step()["reward/mean"]
+    for _ in range(25):
+        last = ctl.step()["reward/mean"]
+    assert first < 0.5 and last > 0.8, (first, last)
+
+
+def test_nonfinite_reward_skips_step_and_counts(tmp_path):
+    m = write_manifest(tmp_path / "m.jsonl", ["nan"] * 8)
+    ctl = make_controller(tmp_path, m, Dist(), [])
+    before = [p.detach().clone() for p in ctl.params]
+    out = ctl.step()
+    assert out["step/skipped_nonfinite_reward"] == 1.0
+    assert ctl.counters["faults/nonfinite_reward_steps"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, ctl.params))
+
+
+def test_dynamic_sampling_single_rank_refills(tmp_path):
+    # half the prompts have all-equal rewards; refill rounds must top the batch up
+    kinds = ["always", "learn", "never", "learn"] * 32
+    m = write_manifest(tmp_path / "m.jsonl", kinds)
+    ctl = make_controller(
+        tmp_path, m, Dist(), ["algorithm.dynamic_sampling=true", "algorithm.max_refill_rounds=30"]
+    )
+    out = ctl.step()
+    assert out["dynamic/kept_groups"] == 4
+    assert out["dynamic/refill_rounds"] >= 1
+    assert out["dynamic/dropped_groups"] > 0
+    assert out["rollout/samples"] == 16
+
+
+def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overrides, steps, out):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    dist = init_from_env("gloo")
+    try:
+        ctl = make_controller(Path(tmp), Path(manifest), dist, overrides)
+        rows = [ctl.step() for _ in range(steps)]
+        params = [p.detach().tolist() for p in ctl.params]
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"rows": rows, "params": params}))
+    finally:
+        shutdown()
+
+
+def run_ranks(tmp_path, world, manifest, overrides, steps):
+    out = tmp_path / f"out{world}"
+    out.mkdir()
+    args = (world, free_port(), str(tmp_path), str(manifest), overrides, steps, str(out))
+    if world == 1:
+        # same code path as a rank, without starting a process group
+        ctl = make_controller(tmp_path, manifest, Dist(), overrides)
+        rows = [ctl.step() for _ in range(steps)]
+        return [{"rows": rows, "params": [p.detach().tolist() for p in ctl.params]}]
+    mp.start_processes(_rank_main, args=args, nprocs=world, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_dynamic_sampling_refill_across_two_ranks(tmp_path):
+    # rank 0's shard is mostly zero-variance groups, rank 1's is mostly learnable, so the
+    # global count (not the local one) must decide when to stop refilling
+    kinds = ["always", "learn", "never", "learn"] * 32
+    m = write_manifest(tmp_path / "m.jsonl", kinds)
+    ov = ["algorithm.dynamic_sampling=true", "algorithm.max_refill_rounds=30", "data.shuffle=false"]
+    res = run_ranks(tmp_path, 2, m, ov, steps=2)
+    for step in range(2):
+        a, b = res[0]["rows"][step], res[1]["rows"][step]
+        assert a["dynamic/kept_groups"] == b["dynamic/kept_groups"] == 4
+        assert a["dynamic/dropped_groups"] == b["dynamic/dropped_groups"] > 0
+        assert a["rollout/samples"] == b["rollout/samples"] == 16
+    assert res[0]["params"] == res[1]["params"]
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_two_controllers_equal_one(tmp_path, minibatches):
+    kinds = ["learn"] * 32
+    m = write_manifest(tmp_path / "m.jsonl", kinds)
+    ov = [f"algorithm.minibatches={minibatches}", "algorithm.ppo_epochs=2"]
+    one = run_ranks(tmp_path, 1, m, ov, steps=3)
+    two = run_ranks(tmp_path, 2, m, ov, steps=3)
+    for p1, p2 in zip(one[0]["params"], two[0]["params"]):
+        torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-6, rtol=1e-5)
+    r1 = [r["reward/mean"] for r in one[0]["rows"]]
+    r2 = [r["reward/mean"] for r in two[0]["rows"]]
+    assert r1 == pytest.approx(r2)
