@@ -63,7 +63,8 @@ def _batch_mean_std(x: Tensor, reduce: Reduce | None) -> tuple[Tensor, Tensor]:
     count = torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)
     moments = torch.stack([x64.sum(), (x64 * x64).sum(), count])
     if reduce is not None:
-        moments = reduce(moments)
+        # a collective may hand back its result on the communication device
+        moments = reduce(moments).to(device=x.device, dtype=torch.float64)
     total, total_sq, n = moments.unbind()
     mean = total / n.clamp(min=1)
     var = ((total_sq - n * mean * mean) / (n - 1).clamp(min=1)).clamp(min=0)

@@ -304,6 +304,11 @@ def validate(cfg: RunConfig) -> None:
         (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
         (len(cfg.reward.functions) > 0, "reward.functions must name at least one reward"),
+        (
+            cfg.algorithm.overlong == "none"
+            or 0 < cfg.algorithm.overlong_buffer <= cfg.sampling.max_new_tokens,
+            "algorithm.overlong_buffer must be in (0, sampling.max_new_tokens]",
+        ),
     ]
     for ok, msg in checks:
         if not ok:
