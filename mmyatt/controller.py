@@ -94,12 +94,15 @@ class Controller:
         target = self.cfg.data.prompts_per_step
         kept: list[Rollout] = []
         local_groups = dropped = rounds = 0
+        gen_sum = gen_n = 0.0
         while True:
             records = self.shard.next_batch(self.local_prompts)
             with timer("generate"):
                 r = self.generate(records, self.train_sampling())
             with timer("reward"):
                 r = self.score(r)
+            gen_sum += float(r.rewards.sum())
+            gen_n += len(r)
             if a.dynamic_sampling:
                 r, n_drop = self.drop_zero_variance_groups(r)
                 dropped += n_drop
@@ -112,8 +115,14 @@ class Controller:
             rounds += 1
         quota = alg.allocate_quota(self.dist.gather_ints(local_groups), target)[self.dist.rank]
         rollout = self._first_groups(kept, quota)
-        g = self.dist.sum_many({"kept": quota, "dropped": dropped, "gen": local_groups})
-        dyn = {"dynamic/refill_rounds": float(rounds)}
+        g = self.dist.sum_many(
+            {"kept": quota, "dropped": dropped, "gen": local_groups, "rsum": gen_sum, "rn": gen_n}
+        )
+        # every generated sample, before dynamic-sampling filters: the learning curve
+        dyn = {
+            "reward/generated_mean": g["rsum"] / max(g["rn"], 1.0),
+            "dynamic/refill_rounds": float(rounds),
+        }
         if a.dynamic_sampling:
             dyn.update(
                 {

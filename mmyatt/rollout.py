@@ -105,4 +105,6 @@ def _cat(vs: list[Any], name: str) -> Any:
         return {k: _cat([v[k] for v in vs], f"{name}.{k}") for k in first}
     if isinstance(first, list | tuple):
         return [x for v in vs for x in v]
+    if any(v != first for v in vs[1:]):
+        raise ValueError(f"Rollout.concat: shared value {name!r} differs across parts: {vs}")
     return first

@@ -69,6 +69,7 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     """`mmyatt train`: the launching process. Controllers re-enter through `controller_main`."""
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
+    quiet_libraries()
     if under_launcher():  # an external torchrun started us: every rank is a controller
         dist = init_from_env(cfg.distributed.backend)
         if dist.is_main:
@@ -93,8 +94,16 @@ def prepare_and_save(cfg: RunConfig, rd: Path) -> RunConfig:
     return cfg
 
 
+def quiet_libraries() -> None:
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
 def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
     """One controller (one rank): build, loop, evaluate, export."""
+    quiet_libraries()
     cfg = load_config(config, overrides)
     rd = Path(run_dir)
     torch.set_num_threads(cfg.trainer.threads)
@@ -158,7 +167,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(
-                f"reward {m.get('reward/mean', float('nan')):.3f} "
+                f"reward {m.get('reward/generated_mean', float('nan')):.3f} "
                 f"len {m.get('response_length/mean', float('nan')):.1f}"
             )
         elapsed_min = (time.perf_counter() - start) / 60
@@ -224,6 +233,7 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
     """`mmyatt sft`: prepare data and the initial model, run SFT, write an HF checkpoint."""
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
+    quiet_libraries()
     cfg = prepare_run(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, enabled=False)), rd)
     from mmyatt.sft import run_sft
 

@@ -46,7 +46,7 @@ class AdapterContract:
         assert r.logprobs.dtype == torch.float32
         assert set(r.mask.unique().tolist()) <= {0.0, 1.0}
         assert torch.isfinite(r.logprobs[r.mask.bool()]).all()
-        assert [len(s) for s in r.group_slices()] == [self.group_size] * len(prompts)
+        assert [s.stop - s.start for s in r.group_slices()] == [self.group_size] * len(prompts)
 
     def test_seeded_and_rank_invariant(self):
         policy, prompts = self.make_policy(), self.make_prompts()

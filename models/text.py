@@ -1,0 +1,478 @@
+"""Text policy adapter: any Hugging Face causal LM from a local directory.
+
+Sampling is our own loop (prefill + KV-cached decode) rather than ``model.generate``,
+because RL needs exactly the numbers ``logprobs`` will recompute: the same position
+ids, attention mask, temperature and token bans at sampling time and at training time,
+so the first PPO/GRPO ratio is 1 up to float error, and per-prompt random generators,
+so a prompt's group is the same whichever rank or batch samples it.
+
+Shapes: B prompts, G samples per prompt, N = B * G rows (groups contiguous),
+P = ``max_prompt_tokens`` (every prompt is left-padded to exactly P), A = the action
+budget ``max_new_tokens``, V = the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from mmyatt.rollout import Rollout
+
+from .protocol import Sampling, seeded_generator
+
+IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
+
+
+class PromptTooLongError(ValueError):
+    """A prompt has more tokens than ``max_prompt_tokens`` and overflow is "reject"."""
+
+
+class TextPolicy:
+    """The Policy protocol for a causal LM and its tokenizer.
+
+    ``max_prompt_tokens`` fixes the prompt width P: prompts are left-padded to exactly
+    P so rollouts from different sampling rounds concatenate. A longer prompt raises
+    ``PromptTooLongError`` ("reject") or keeps its last P tokens ("truncate", counted in
+    ``stats["prompts_truncated"]``). Prompts that are message lists always go through
+    the tokenizer's chat template; string prompts do when ``use_chat_template``, as a
+    single user message after ``system_prompt`` if one is given.
+
+    Recorded log-probs are ``log_softmax(logits / temperature)`` of the chosen token over
+    the full tempered distribution, *not* renormalised after top-p filtering (the
+    choice verl and most RL trainers make): top-p is a sampling heuristic, the policy
+    being optimised is the tempered model, and ``logprobs`` can recompute it exactly
+    without knowing which tokens the nucleus held.
+
+    The pad token (when it is not also an EOS) and any vocabulary rows past the
+    tokenizer's size are banned in that distribution, at sampling and at scoring
+    alike. Pad is never a training target, so its logit is untrained noise; a sampled
+    pad would be dropped when decoding (the reward scores text the actions do not
+    contain) and anything that rebuilds masks from ``ids != pad`` would treat it as
+    padding. Rows past the tokenizer (vocabularies padded to a multiple of 64) decode
+    to nothing at all.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        *,
+        max_prompt_tokens: int = 64,
+        prompt_overflow: str = "reject",
+        use_chat_template: bool = False,
+        system_prompt: str | None = None,
+    ):
+        if max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
+        if prompt_overflow not in ("reject", "truncate"):
+            raise ValueError(
+                f"prompt_overflow must be 'reject' or 'truncate', got {prompt_overflow!r}"
+            )
+        if system_prompt is not None and not use_chat_template:
+            # Without the template there is nowhere to put it; failing beats dropping it.
+            raise ValueError("system_prompt needs use_chat_template=True")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.prompt_overflow = prompt_overflow
+        self.use_chat_template = use_chat_template
+        self.system_prompt = system_prompt
+        self.stats: dict[str, int] = {
+            "prompts_truncated": 0,
+            "samples_generated": 0,
+            "tokens_generated": 0,
+        }
+
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        if pad is None:  # Llama-style tokenizers: pad with EOS (masked out anyway)
+            pad = tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token")
+        self.pad_id = int(pad)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        banned = list(range(len(tokenizer), vocab))
+        if self.pad_id not in self.eos_ids:  # banning an EOS would stop the policy stopping
+            banned.append(self.pad_id)
+        self._banned = torch.tensor(sorted(banned), dtype=torch.long)
+        params = inspect.signature(model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in params
+        # transformers 5.2x renamed past_key_values to cache (the old name is deprecated).
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu", **kw
+    ) -> TextPolicy:
+        """Load model and tokenizer from a local directory (no hub access).
+
+        Raises FileNotFoundError naming ``path`` and what is missing when the directory
+        does not exist or lacks a config, weights or tokenizer files.
+        """
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"no model directory at {str(p)!r}")
+        missing = []
+        if not (p / "config.json").is_file():
+            missing.append("config.json")
+        if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
+            missing.append("weights (*.safetensors or pytorch_model*.bin)")
+        if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+            missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
+        if missing:
+            raise FileNotFoundError(
+                f"model directory {str(p)!r} is incomplete: missing {', '.join(missing)}"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+        return cls(model.to(device), tokenizer, **kw)
+
+    def enable_reference(self) -> None:
+        """Snapshot the current weights as the frozen KL reference (a second copy)."""
+        import copy
+
+        self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+
+    def reference_logprobs(self, rollout: Rollout) -> Tensor:
+        """(N, A) log pi_ref(a|s) under the snapshot taken by ``enable_reference``."""
+        reference = getattr(self, "_reference", None)
+        if reference is None:
+            raise RuntimeError("reference_logprobs needs enable_reference() first")
+        model, self.model = self.model, reference
+        try:
+            with torch.no_grad():
+                return self.logprobs(rollout)
+        finally:
+            self.model = model
+
+    def module(self) -> nn.Module:
+        return self.model
+
+    def save(self, path: str) -> None:
+        """Model (safetensors) and tokenizer in Hugging Face layout."""
+        self.model.save_pretrained(str(path))
+        self.tokenizer.save_pretrained(str(path))
+
+    # --- sampling -------------------------------------------------------------------
+    @torch.no_grad()  # not inference_mode: recorded tensors later meet autograd in losses
+    def generate(
+        self, prompts: list[dict], group_size: int, sampling: Sampling, seeds: list[int]
+    ) -> Rollout:
+        """Sample ``group_size`` completions per prompt; see the class docstring.
+
+        Returns a Rollout with actions (N, A) long (pad after the stop), logprobs and
+        mask (N, A) float32, truncated (N,) bool, and context ``input_ids`` /
+        ``attention_mask`` (N, P + A) plus the sampling ``temperature``.
+        """
+        if len(seeds) != len(prompts):
+            raise ValueError(
+                f"need one seed per prompt: {len(prompts)} prompts, {len(seeds)} seeds"
+            )
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if sampling.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+        if not 0.0 < sampling.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+        if sampling.temperature <= 0 and not sampling.greedy:
+            raise ValueError(f"temperature must be > 0 unless greedy, got {sampling.temperature}")
+        # Greedy ignores temperature for choosing; it still sets what log-probs mean.
+        temperature = float(sampling.temperature) if sampling.temperature > 0 else 1.0
+        device = self._device()
+        G, A = group_size, sampling.max_new_tokens
+
+        prompt_ids, prompt_mask = self._left_pad(self._encode_prompts(prompts), device)
+        prompt_ids = prompt_ids.repeat_interleave(G, 0)  # (N, P)
+        prompt_mask = prompt_mask.repeat_interleave(G, 0)  # (N, P)
+        N = prompt_ids.shape[0]
+        generators = [seeded_generator(s, device) for s in seeds]
+        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+
+        actions = torch.full((N, A), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(N, A, dtype=torch.float32, device=device)
+        mask = torch.zeros(N, A, dtype=torch.float32, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        stopped = torch.zeros(N, dtype=torch.bool, device=device)
+
+        attn = prompt_mask
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
+        next_position = attn.sum(-1, keepdim=True)  # (N, 1) position of the first action
+        cache = self._new_cache()
+        out = self._forward(prompt_ids, attn, positions, cache=cache, keep=1)
+        for t in range(A):
+            logits = self._tempered(out.logits[:, -1], temperature)  # (N, V) fp32
+            if sampling.greedy:
+                token = logits.argmax(-1)
+            else:
+                token = _sample(logits, sampling.top_p, generators, G)
+            live = ~finished
+            actions[:, t] = torch.where(live, token, self.pad_id)
+            chosen = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+            logprobs[:, t] = torch.where(live, chosen, 0.0)
+            mask[:, t] = live.float()
+            # The stop token is an action: it is kept (mask 1) and the row ends after it.
+            hit = live & torch.isin(token, eos)
+            if sampling.stop:
+                hit |= self._stop_string_hits(actions, t, live & ~hit, sampling.stop)
+            stopped |= hit
+            finished |= hit
+            if t == A - 1 or bool(finished.all()):
+                break
+            # Finished rows keep decoding (batch shapes stay fixed); their output is ignored.
+            attn = torch.cat([attn, attn.new_ones(N, 1)], 1)
+            out = self._forward(token[:, None], attn, next_position + t, cache=cache, keep=1)
+
+        lengths = mask.sum(-1).long().tolist()
+        rows = actions.tolist()
+        outputs = self.tokenizer.batch_decode(
+            [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
+        )
+        self.stats["samples_generated"] += N
+        self.stats["tokens_generated"] += int(sum(lengths))
+        return Rollout(
+            prompt_ids=[
+                str(r.get("id", r.get("_index", i)))
+                for i, r in enumerate(prompts)
+                for _ in range(G)
+            ],
+            actions=actions,
+            logprobs=logprobs,
+            mask=mask,
+            context={
+                "input_ids": torch.cat([prompt_ids, actions], 1),
+                "attention_mask": torch.cat([prompt_mask, mask.long()], 1),
+                "temperature": temperature,
+            },
+            outputs=outputs,
+            records=[r for r in prompts for _ in range(G)],
+            truncated=~stopped,
+        )
+
+    # --- scoring --------------------------------------------------------------------
+    def logprobs(
+        self, rollout: Rollout, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """(N, A) differentiable log pi(a|s) under current weights, 0.0 where masked;
+        with ``with_entropy`` also the (N, A) entropy of the tempered distribution.
+
+        One forward over prompt + completion with the sampling-time position ids and
+        temperature. Leading columns that are padding in every row and trailing action
+        columns masked in every row are skipped: they cannot affect any kept value.
+        """
+        device = self._device()
+        ids = rollout.context["input_ids"].to(device)  # (N, P + A)
+        attn = rollout.context["attention_mask"].to(device)  # (N, P + A)
+        temperature = float(rollout.context["temperature"])
+        actions = rollout.actions.to(device)  # (N, A)
+        mask = rollout.mask.to(device).bool()  # (N, A)
+        A = actions.shape[1]
+        P = ids.shape[1] - A
+
+        used = attn[:, :P].any(0).nonzero()
+        first = int(used[0]) if len(used) else P - 1
+        live = mask.any(0).nonzero()
+        last = int(live[-1]) + 1 if len(live) else 1  # action columns to score
+        # Position P - 1 + k predicts action k, so the last action is never an input.
+        ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(ids, attn, positions, keep=last)
+        logits = self._tempered(out.logits[:, -last:], temperature)  # (N, last, V)
+        logp_all = logits.log_softmax(-1)
+        kept = mask[:, :last]
+        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
+        # where, not multiply: a masked action (pad) can score -inf-like and 0 * -inf = NaN.
+        lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
+        if not with_entropy:
+            return lp
+        entropy = -(logp_all.exp() * logp_all).sum(-1)  # banned ids: 0 * finite = 0
+        return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
+
+    def sft_inputs(self, records: list[dict], target_key: str = "answer") -> dict[str, Tensor]:
+        """Teacher-forcing batch: prompt (formatted as in ``generate``) + target + EOS.
+
+        Returns input_ids, attention_mask, labels, each (B, L), left-padded; labels
+        are ``IGNORE_INDEX`` on prompt and padding so only completion tokens count.
+        """
+        prompts = self._encode_prompts(records)
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            eos = min(self.eos_ids)
+        rows, labels = [], []
+        for i, (rec, prompt) in enumerate(zip(records, prompts)):
+            if target_key not in rec:
+                raise KeyError(f"record {rec.get('_source', i)!r} has no target key {target_key!r}")
+            target = self.tokenizer(str(rec[target_key]), add_special_tokens=False)["input_ids"]
+            target = [*target, eos]
+            rows.append(prompt + target)
+            labels.append([IGNORE_INDEX] * len(prompt) + target)
+        width = max(len(r) for r in rows)
+        device = self._device()
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(len(rows), width, dtype=torch.long)
+        lab = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+        for i, (r, lb) in enumerate(zip(rows, labels)):
+            ids[i, width - len(r) :] = torch.tensor(r)
+            attn[i, width - len(r) :] = 1
+            lab[i, width - len(r) :] = torch.tensor(lb)
+        return {
+            "input_ids": ids.to(device),
+            "attention_mask": attn.to(device),
+            "labels": lab.to(device),
+        }
+
+    def sft_loss(self, records: list[dict], target_key: str = "answer") -> Tensor:
+        """Mean cross entropy over completion tokens (``record[target_key]`` + EOS),
+        teacher-forced, prompt tokens excluded; the same distribution as sampling at
+        temperature 1 (banned ids included)."""
+        batch = self.sft_inputs(records, target_key)
+        attn = batch["attention_mask"]
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self._forward(batch["input_ids"], attn, positions)
+        logits = self._tempered(out.logits[:, :-1], 1.0)  # position t predicts token t + 1
+        labels = batch["labels"][:, 1:]
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+    # --- internals ------------------------------------------------------------------
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _tempered(self, logits: Tensor, temperature: float) -> Tensor:
+        """(..., V) fp32 logits / temperature with banned ids at the most negative float.
+
+        Not -inf: exp still underflows to exactly 0, but p * log p stays 0 in the
+        entropy instead of 0 * -inf = NaN.
+        """
+        logits = logits.float() / temperature
+        if len(self._banned):
+            banned = self._banned.to(logits.device)
+            logits = logits.index_fill(-1, banned, torch.finfo(logits.dtype).min)
+        return logits
+
+    def _forward(self, ids: Tensor, attn: Tensor, positions: Tensor, *, cache=None, keep: int = 0):
+        kw = {self._cache_kwarg: cache}
+        if keep and self._has_logits_to_keep:  # skip the (N, L, V) logits we would discard
+            kw["logits_to_keep"] = keep
+        return self.model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            use_cache=cache is not None,
+            **kw,
+        )
+
+    def _new_cache(self):
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # transformers releases whose DynamicCache takes no config
+            return DynamicCache()
+
+    def _prompt_text(self, record: dict) -> tuple[str, bool]:
+        """The prompt as text, and whether the tokenizer should add its special tokens
+        (a chat template writes its own, e.g. a BOS, so they must not be added twice)."""
+        prompt = record["prompt"]
+        if isinstance(prompt, str) and not self.use_chat_template:
+            return prompt, True
+        messages = (
+            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        )
+        if self.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("prompt needs a chat template but the tokenizer has none")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return text, False
+
+    def _encode_prompts(self, records: list[dict]) -> list[list[int]]:
+        """Token ids per record, each at most ``max_prompt_tokens`` long."""
+        encoded = []
+        for i, rec in enumerate(records):
+            text, add_special = self._prompt_text(rec)
+            ids = list(self.tokenizer(text, add_special_tokens=add_special)["input_ids"])
+            name = rec.get("_source") or f"index {rec.get('_index', i)}"
+            if not ids:
+                raise ValueError(f"prompt {name} is empty after tokenization")
+            if len(ids) > self.max_prompt_tokens:
+                if self.prompt_overflow == "reject":
+                    raise PromptTooLongError(
+                        f"prompt {name} has {len(ids)} tokens, over max_prompt_tokens="
+                        f"{self.max_prompt_tokens}; shorten it, raise the limit or set "
+                        "prompt_overflow='truncate'"
+                    )
+                ids = ids[-self.max_prompt_tokens :]  # the end holds the question to answer
+                self.stats["prompts_truncated"] += 1
+            encoded.append(ids)
+        return encoded
+
+    def _left_pad(self, seqs: list[list[int]], device) -> tuple[Tensor, Tensor]:
+        """(B, P) ids and attention mask, each sequence right-aligned at width P."""
+        P = self.max_prompt_tokens
+        ids = torch.full((len(seqs), P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(len(seqs), P, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attn[i, P - len(s) :] = 1
+        return ids.to(device), attn.to(device)
+
+    def _stop_string_hits(
+        self, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
+    ) -> Tensor:
+        """(N,) bool: rows whose completion (actions[:, : t + 1]) now contains a stop string.
+
+        "Contains", not "ends with": one byte-level token can carry the stop string and
+        more (stop "\\n", token "\\n\\n"). Any occurrence must involve the newest token
+        (an older one would have stopped the row already), so only a recent window is
+        decoded, wide enough for the longest stop string even at one byte per token.
+        """
+        hits = torch.zeros_like(rows)
+        index = rows.nonzero().flatten().tolist()
+        if not index:
+            return hits
+        window = 4 * max(len(s) for s in stops) + 8
+        start = max(0, t + 1 - window)
+        tails = actions[index, start : t + 1].tolist()
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        for i, text in zip(index, texts):
+            if any(s in text for s in stops):
+                hits[i] = True
+        return hits
+
+
+def _sample(logits: Tensor, top_p: float, generators: list[torch.Generator], group: int) -> Tensor:
+    """(N,) token ids from (N, V) tempered logits; rows i*group .. (i+1)*group - 1 draw
+    from ``generators[i]`` only, so a group never depends on the rest of the batch."""
+    probs = logits.softmax(-1)
+    if top_p < 1.0:
+        # Nucleus: keep the most likely tokens until their mass reaches top_p (at least
+        # one). Stable sort so ties keep index order, like argmax.
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    for i, g in enumerate(generators):
+        rows = slice(i * group, (i + 1) * group)
+        out[rows] = torch.multinomial(probs[rows], 1, generator=g).squeeze(-1)
+    return out
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
+    """Every id that ends a completion: the generation config's (int or list) and the
+    tokenizer's EOS (instruct models often list both <|im_end|> and <|endoftext|>)."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if value is None:
+            continue
+        ids.update(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
+    if not ids:
+        raise ValueError("neither the generation config nor the tokenizer names an EOS token")
+    return ids
