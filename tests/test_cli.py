@@ -1,0 +1,112 @@
+"""`mmyatt train` end to end on a tiny model: the run-directory contract, and two
+controllers ending with the same parameters as one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = [
+    "model.tiny_size=qwen2-0.1m",
+    "data.synthetic_train_size=200",
+    "data.synthetic_eval_size=16",
+    "data.eval_prompts=16",
+    "data.prompts_per_step=4",
+    "sampling.group_size=4",
+    "sampling.max_new_tokens=4",
+    "algorithm.dynamic_sampling=false",
+    "sft.enabled=false",
+    "trainer.steps=2",
+    "trainer.max_minutes=null",
+    "trainer.save_rollouts_every=1",
+    "trainer.progress=false",
+    "optim.lr=0.01",
+    "reward.functions=[{name: 'lenreward:reward'}]",
+]
+
+
+def mmyatt(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "lenreward.py").write_text(
+        "def reward(completion, record):\n    return len(completion) / 10.0\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmyatt", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "final" / "model.safetensors"))
+
+
+def test_two_controllers_match_one_and_write_the_run_contract(tmp_path):
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    one, two = tmp_path / "one", tmp_path / "two"
+    mmyatt(tmp_path, "train", cfg, *TINY, "distributed.nproc=1", "--run-dir", str(one))
+    out = mmyatt(tmp_path, "train", cfg, *TINY, "distributed.nproc=2", "--run-dir", str(two))
+    assert "[summary]" in out.stdout
+
+    # same data, same per-prompt seeds, global loss normalisation: same parameters
+    w1, w2 = weights(one), weights(two)
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=2e-6, rtol=1e-5, msg=k)
+    base = load_file(str(one / "base_model" / "model.safetensors"))
+    assert any(not torch.equal(base[k], w1[k]) for k in w1), "training changed nothing"
+
+    # the run directory contract
+    assert (two / "config.yaml").exists()
+    rows = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    assert all(next(iter(r)) == "step" for r in rows)
+    train_rows = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    for key in ("timing/generate_s", "timing/update_s", "throughput/tokens_per_s", "train/loss"):
+        assert key in train_rows[0], key
+    assert "eval/reward/mean" in rows[0] and "eval/reward/mean" in rows[-1]
+    assert (two / "rollouts" / "rank0.jsonl").exists() and (
+        two / "rollouts" / "rank1.jsonl"
+    ).exists()
+    assert list((two / "tensorboard").glob("events.*"))
+    r1 = [
+        r["reward/mean"]
+        for r in (json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines())
+        if "reward/mean" in r
+    ]
+    assert r1 == pytest.approx([r["reward/mean"] for r in train_rows])
+
+
+def test_unknown_key_fails_before_start(tmp_path):
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmyatt",
+            "train",
+            str(ROOT / "configs" / "text_grpo_tiny.yaml"),
+            "algorithm.kl_coeff=0.1",
+            "--run-dir",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert "algorithm.kl_coeff" in proc.stderr and "kl_coef" in proc.stderr
+    assert not (tmp_path / "x").exists()
