@@ -24,7 +24,17 @@ def build_policy(m: ModelConfig):
             prompt_overflow=m.prompt_overflow,
             use_chat_template=m.use_chat_template,
         )
-    raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine yet (issue #3)")
+    if m.kind == "flow":
+        from mmyatt.models.flow import FlowPolicy
+
+        kw: dict = {"reference": m.reference}
+        if m.lora.rank > 0:
+            lora = {"r": m.lora.rank, "alpha": m.lora.alpha}
+            if m.lora.target_modules:
+                lora["target_modules"] = list(m.lora.target_modules)
+            kw["lora"] = lora
+        return FlowPolicy.load(m.path, **kw)
+    raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
 
 
 def build_reward(r: RewardConfig):

@@ -48,7 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("config")
     c.add_argument("--run-dir", required=True)
 
-    args = p.parse_args(argv)
+    # overrides may come before or after options: `train CFG --run-dir D a.b=1` works too
+    args, extra = p.parse_known_args(argv)
+    stray = [
+        x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")
+    ]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return dispatch(args)
     except ConfigError as e:

@@ -23,10 +23,20 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0  # 0: full-weight training
+    alpha: float = 16.0
+    target_modules: tuple[str, ...] = ()  # empty: the adapter's default attention projections
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     kind: Literal["text", "flow"] = "text"
     path: str | None = None  # local HF / diffusers directory; None builds the tiny built-in
-    tiny_size: str = "qwen2-1m"  # built-in size when path is None
+    tiny_size: str = "qwen2-1m"  # built-in size when path is None (text)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    reference: Literal["lora_disabled", "frozen_copy"] = "lora_disabled"  # flow KL reference
+    ema_decay: float | None = None  # flow: EMA of trained weights, used for eval when set
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_prompt_tokens: int = 64
     prompt_overflow: Literal["reject", "truncate"] = "reject"
@@ -52,11 +62,24 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 8
     stop: tuple[str, ...] = ()
+    # flow models (Flow-GRPO): see models/flow_sde.py
+    denoise_steps: int = 10  # training rollouts
+    eval_denoise_steps: int = 20  # eval (ODE); more steps than training = denoising reduction
+    noise_level: float = 0.7
+    sde_type: Literal["sde", "cps"] = "sde"
+    guidance_scale: float = 1.0  # 1.0 = no CFG
+    train_steps: Literal["all", "fraction", "window", "sliding"] = "all"
+    train_fraction: float = 1.0
+    window: int = 2
+    window_start: int = 0
+    slide_every: int = 1
 
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    advantage_std: Literal["group", "batch"] = "group"  # grpo only; batch = Flow-GRPO global std
+    advantage_clip: float | None = None  # grpo only; Flow-GRPO clips to 5
     clip_low: float = 0.2
     clip_high: float = 0.28  # DAPO clip-higher; equal to clip_low for symmetric PPO
     dual_clip: float | None = None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import replace
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from mmyatt import algorithms as alg
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.metrics import MetricsLogger, PhaseTimer
+from mmyatt.models.flow_sde import train_step_schedule
 from mmyatt.models.protocol import Sampling, prompt_seed
 from mmyatt.rollout import Rollout
 
@@ -61,6 +62,7 @@ class Controller:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step_count = 0
         self.last_rollout: Rollout | None = None
+        self.eval_outputs: list = []  # (output, prompt, reward) of the last eval on this rank
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
         if cfg.algorithm.kl_coef > 0:
             policy.enable_reference()
@@ -164,9 +166,13 @@ class Controller:
         return (r.select(idx) if idx else None), n_drop
 
     def advantages(self, r: Rollout) -> torch.Tensor:
+        a = self.cfg.algorithm
         reduce = self.dist.sum if self.dist.active else None
+        kw = (
+            {"std_mode": a.advantage_std, "clip": a.advantage_clip} if a.advantage == "grpo" else {}
+        )
         return alg.compute_advantages(
-            self.cfg.algorithm.advantage, r.rewards, self.group_index(r), reduce=reduce
+            a.advantage, r.rewards, self.group_index(r), reduce=reduce, **kw
         )
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
@@ -245,6 +251,8 @@ class Controller:
             return None
         self.optimizer.step()
         self.scheduler.step()
+        if self.cfg.model.ema_decay is not None:
+            self.policy.ema_update(self.cfg.model.ema_decay)
         tok = max(g["tokens"], 1.0)
         out = {"train/loss": g["num"] / g["den"], "train/grad_norm": float(grad_norm)}
         for k in ("entropy", "clip_frac", "ratio_mean", "approx_kl", "kl"):
@@ -259,9 +267,10 @@ class Controller:
         if not recs:
             return {}
         s = self.eval_sampling()
-        total, count, parts_sum = 0.0, 0, {}
+        total, count, parts_sum, shown = 0.0, 0, {}, []
         bs = 64
-        with torch.no_grad():
+        ema = self.cfg.model.ema_decay is not None
+        with torch.no_grad(), self.policy.ema_weights() if ema else nullcontext():
             for i in range(0, len(recs), bs):
                 chunk = recs[i : i + bs]
                 seeds = [prompt_seed(self.cfg.trainer.seed + 1, "eval", r["_index"]) for r in chunk]
@@ -271,6 +280,10 @@ class Controller:
                 count += len(chunk)
                 for k, v in parts.items():
                     parts_sum[k] = parts_sum.get(k, 0.0) + float(v.sum())
+                shown += [
+                    (o, x.get("prompt"), float(v)) for o, x, v in zip(r.outputs, r.records, rewards)
+                ]
+        self.eval_outputs = shown
         g = self.dist.sum_many({"total": total, "count": count, **parts_sum})
         n = max(g.pop("count"), 1.0)
         out = {"eval/reward/mean": g.pop("total") / n}
@@ -307,12 +320,38 @@ class Controller:
 
     def train_sampling(self) -> Sampling:
         s = self.cfg.sampling
+        sde_steps, train_steps = train_step_schedule(
+            s.denoise_steps,
+            mode=s.train_steps,
+            fraction=s.train_fraction,
+            window=s.window,
+            window_start=s.window_start,
+            step=self.step_count,
+            slide_every=s.slide_every,
+        )
         return Sampling(
-            temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens, stop=s.stop
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens,
+            stop=s.stop,
+            denoise_steps=s.denoise_steps,
+            noise_level=s.noise_level,
+            sde_type=s.sde_type,
+            guidance_scale=s.guidance_scale,
+            sde_steps=sde_steps,
+            train_steps=train_steps,
         )
 
     def eval_sampling(self) -> Sampling:
-        return replace(self.train_sampling(), greedy=True)
+        s = self.cfg.sampling
+        return Sampling(
+            temperature=s.temperature,
+            max_new_tokens=s.max_new_tokens,
+            stop=s.stop,
+            greedy=True,
+            denoise_steps=s.eval_denoise_steps,
+            guidance_scale=s.guidance_scale,
+        )
 
     @staticmethod
     def group_index(r: Rollout) -> torch.Tensor:

@@ -139,6 +139,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         flush=True,
     )
     ev = ctl.evaluate()
+    write_samples(ctl, 0)
     log.log(0, ev)
     say("[eval] step 0: " + fmt(ev), flush=True)
     bar = None
@@ -160,6 +161,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         m.update({k: float(v) for k, v in ctl.counters.items()})
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
             m.update(ctl.evaluate())
+            write_samples(ctl, step)
         if step % t.log_every == 0:
             log.log(step, m)
         if t.save_rollouts_every and step % t.save_rollouts_every == 0 and ctl.last_rollout:
@@ -178,6 +180,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     if bar is not None:
         bar.close()
     ev = ctl.evaluate()
+    write_samples(ctl, step)
     rss = dist.gather_ints(peak_rss_mb())
     mem = {f"memory/peak_rss_mb_rank{r}": float(v) for r, v in enumerate(rss)}
     log.log(step, {**ev, **mem, "train/minutes": (time.perf_counter() - start) / 60})
@@ -188,6 +191,17 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
     log.close()
     dist.barrier()
+
+
+def write_samples(ctl, step: int) -> None:
+    """Rank 0 shows its own share of the eval (no media crosses ranks)."""
+    if not ctl.dist.is_main:
+        return
+    from mmyatt.samples import save_samples
+
+    grid = save_samples(ctl.run_dir / "samples", step, ctl.eval_outputs)
+    if grid is not None:
+        ctl.logger.add_image("samples/eval", grid, step)
 
 
 def peak_rss_mb() -> int:
