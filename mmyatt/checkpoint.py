@@ -381,7 +381,11 @@ class Checkpointer:
         self._thread.start()
 
     def wait(self) -> None:
-        """Block until the save in flight is written; raise its error if it failed."""
+        """Block until this rank's save in flight is written; raise its error if it failed.
+
+        On rank 0 that means the checkpoint is complete (all ranks' files, ``COMPLETE``,
+        renamed); on other ranks only that their own files are down. Call ``close()``
+        (or ``wait()``) before the process exits, or a failed last save goes unreported."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
