@@ -150,6 +150,15 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    save_every: int = 0  # steps between run-state checkpoints; 0 = none (final export only)
+    keep_last: int = 2
+    keep_every: int = 0  # also keep every step divisible by this (0 = none)
+    async_save: bool = True
+    resume: str = "auto"  # auto | never | a checkpoint directory
+
+
+@dataclass(frozen=True)
 class DistributedConfig:
     nproc: int = 1  # controllers started by `mmyatt train` (ignored under an external torchrun)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
@@ -166,6 +175,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 

@@ -260,6 +260,41 @@ class Controller:
                 out[f"train/{k}"] = g[k] / tok
         return out
 
+    # ------------------------------------------------------------------ run state
+    def shared_state(self) -> dict:
+        """State identical on every controller: weights, optimizer, schedule, step, counters."""
+        from mmyatt.checkpoint import optimizer_state, scheduler_state
+
+        ema = self.policy.ema_state() if hasattr(self.policy, "ema_state") else None
+        return {
+            "model": self.policy.module().state_dict(),
+            "optimizer": optimizer_state(self.optimizer),
+            "scheduler": scheduler_state(self.scheduler),
+            "step": self.step_count,
+            "counters": dict(self.counters),
+            "ema": ema,
+        }
+
+    def local_state(self) -> dict:
+        """This controller's own state: its data cursor and RNG streams."""
+        from mmyatt.checkpoint import rng_state
+
+        return {"cursor": self.shard.state_dict(), "rng": rng_state()}
+
+    def load_state(self, shared: dict, local: dict) -> int:
+        from mmyatt.checkpoint import load_optimizer_state, load_scheduler_state, set_rng_state
+
+        self.policy.module().load_state_dict(shared["model"])
+        load_optimizer_state(self.optimizer, shared["optimizer"])
+        load_scheduler_state(self.scheduler, shared["scheduler"])
+        self.step_count = int(shared["step"])
+        self.counters.update(shared["counters"])
+        if shared.get("ema") is not None:
+            self.policy.load_ema_state(shared["ema"])
+        self.shard.load_state_dict(local["cursor"])
+        set_rng_state(local["rng"])
+        return self.step_count
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
         """Held-out prompts, one sample each, greedy; this rank scores its own share."""

@@ -65,6 +65,22 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
             self._tb.flush()
 
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after ``step`` (a resumed run rewrites them)."""
+        if not self.enabled or not self.path.exists():
+            return
+        keep = [
+            x
+            for x in self.path.read_text().splitlines()
+            if x.strip() and json.loads(x)["step"] <= step
+        ]
+        self.path.write_text("".join(line + "\n" for line in keep))
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(log_dir=self._tb.log_dir, purge_step=step + 1)
+
     def add_image(self, tag: str, image, step: int) -> None:
         if self.enabled and self._tb is not None:
             import numpy as np

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from mmyatt import builders
+from mmyatt.checkpoint import Checkpointer
 from mmyatt.config import RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
 
@@ -130,26 +133,46 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
 
 
 def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
-    t = cfg.trainer
+    t, c = cfg.trainer, cfg.checkpoint
     log = ctl.logger
     say = print if dist.is_main else (lambda *a, **k: None)
+    ck = Checkpointer(
+        ctl.run_dir / "checkpoints" / "state",
+        rank=dist.rank,
+        world_size=dist.world_size,
+        keep_last=c.keep_last,
+        keep_every=c.keep_every,
+        async_save=c.async_save,
+        barrier=dist.barrier,
+    )
+    found = ck.resolve(c.resume) if dist.is_main else None
+    path = dist.broadcast_object(str(found) if found else None)
+    first = 1
+    if path is not None:
+        first = ctl.load_state(*ck.load(path)) + 1
+        log.truncate_after(first - 1)  # rows a killed run logged after its last checkpoint
+        say(f"[resume] from {path}: continuing at step {first}", flush=True)
     say(
         f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
-        f"{cfg.sampling.group_size} samples per step, {t.steps} steps",
+        f"{cfg.sampling.group_size} samples per step, steps {first}..{t.steps}",
         flush=True,
     )
-    ev = ctl.evaluate()
-    write_samples(ctl, 0)
-    log.log(0, ev)
-    say("[eval] step 0: " + fmt(ev), flush=True)
+    if first == 1:
+        ev = ctl.evaluate()
+        write_samples(ctl, 0)
+        log.log(0, ev)
+        say("[eval] step 0: " + fmt(ev), flush=True)
+    stop_signal = StopSignal()
     bar = None
     if dist.is_main and t.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=t.steps, desc="grpo", file=sys.stdout, dynamic_ncols=True)
+        bar = tqdm(
+            total=t.steps, initial=first - 1, desc="train", file=sys.stdout, dynamic_ncols=True
+        )
     start = time.perf_counter()
-    step = 0
-    for step in range(1, t.steps + 1):
+    step = first - 1
+    for step in range(first, t.steps + 1):
         t0 = time.perf_counter()
         m = ctl.step()
         dt = time.perf_counter() - t0
@@ -172,11 +195,20 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
                 f"reward {m.get('reward/generated_mean', float('nan')):.3f} "
                 f"len {m.get('response_length/mean', float('nan')):.1f}"
             )
+        terminate = dist.any(stop_signal.received)
+        if (c.save_every and step % c.save_every == 0) or terminate:
+            ck.save(step, ctl.shared_state(), ctl.local_state())
+        if terminate:
+            ck.close()
+            say(f"\n[train] SIGTERM: saved step {step} in {ck.root}; exiting", flush=True)
+            log.close()
+            raise SystemExit(0)
         elapsed_min = (time.perf_counter() - start) / 60
-        stop = t.max_minutes is not None and dist.any(elapsed_min >= t.max_minutes)
-        if stop:
+        if t.max_minutes is not None and dist.any(elapsed_min >= t.max_minutes):
             say(f"\n[train] time budget of {t.max_minutes} min reached at step {step}", flush=True)
             break
+    ck.close()
+    stop_signal.restore()
     if bar is not None:
         bar.close()
     ev = ctl.evaluate()
@@ -191,6 +223,23 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
     log.close()
     dist.barrier()
+
+
+class StopSignal:
+    """SIGTERM sets a flag; the loop saves a checkpoint at the end of the step and exits."""
+
+    def __init__(self):
+        self.received = False
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.received = True
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
 
 
 def write_samples(ctl, step: int) -> None:
