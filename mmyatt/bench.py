@@ -24,6 +24,14 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def run_bench(name: str, quick: bool = False) -> dict:
     if name == "text-grpo":
         return bench_text_grpo(quick)
+    if name == "checkpoint":
+        from mmyatt.checkpoint_bench import bench_checkpoint
+
+        return bench_checkpoint(quick)
+    if name == "faults":
+        from mmyatt.faults_bench import bench_faults
+
+        return bench_faults(quick)
     raise ValueError(f"unknown benchmark {name!r}")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mmyatt.config import ConfigError
 
-BENCHES = ("text-grpo",)
+BENCHES = ("text-grpo", "checkpoint", "faults")
 
 
 def main(argv: list[str] | None = None) -> int:

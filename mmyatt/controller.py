@@ -62,6 +62,7 @@ class Controller:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step_count = 0
         self.last_rollout: Rollout | None = None
+        self.consumed: list[int] = []  # manifest indices drawn in the current step
         self.eval_outputs: list = []  # (output, prompt, reward) of the last eval on this rank
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
         if cfg.algorithm.kl_coef > 0:
@@ -71,6 +72,7 @@ class Controller:
     def step(self) -> dict[str, float]:
         """One RL step on this rank; returns globally reduced metrics."""
         timer = PhaseTimer()
+        self.consumed = []
         rollout, dyn = self.collect(timer)  # generate + reward (+ DAPO refill rounds)
         if rollout is None:  # every group everywhere had equal rewards
             return {**dyn, **timer.metrics()}
@@ -99,6 +101,7 @@ class Controller:
         gen_sum = gen_n = 0.0
         while True:
             records = self.shard.next_batch(self.local_prompts)
+            self.consumed += [r["_index"] for r in records]
             with timer("generate"):
                 r = self.generate(records, self.train_sampling())
             with timer("reward"):
@@ -424,6 +427,19 @@ class Controller:
         if o.schedule == "cosine":
             return warm * 0.5 * (1 + math.cos(math.pi * min(step / total, 1.0)))
         return warm
+
+    def trace_records(self, step: int) -> None:
+        """Append which manifest records this step drew (the audit trail for faults)."""
+        path = self.run_dir / "rollouts" / f"records_rank{self.dist.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps({"step": step, "records": self.consumed}) + "\n")
+
+    def truncate_trace(self, step: int) -> None:
+        path = self.run_dir / "rollouts" / f"records_rank{self.dist.rank}.jsonl"
+        if path.exists():
+            rows = [x for x in path.read_text().splitlines() if x.strip()]
+            path.write_text("".join(x + "\n" for x in rows if json.loads(x)["step"] <= step))
 
     def save_rollouts(self, step: int, r: Rollout) -> None:
         path = self.run_dir / "rollouts" / f"rank{self.dist.rank}.jsonl"

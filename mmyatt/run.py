@@ -151,6 +151,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     if path is not None:
         first = ctl.load_state(*ck.load(path)) + 1
         log.truncate_after(first - 1)  # rows a killed run logged after its last checkpoint
+        ctl.truncate_trace(first - 1)
         say(f"[resume] from {path}: continuing at step {first}", flush=True)
     say(
         f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
@@ -187,6 +188,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             write_samples(ctl, step)
         if step % t.log_every == 0:
             log.log(step, m)
+        ctl.trace_records(step)
         if t.save_rollouts_every and step % t.save_rollouts_every == 0 and ctl.last_rollout:
             ctl.save_rollouts(step, ctl.last_rollout)
         if bar is not None:

@@ -63,9 +63,9 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
         opt.step()
         if step % s.eval_every == 0 or step == s.max_steps:
             acc = greedy_accuracy(policy, reward, held, cfg.sampling.max_new_tokens)
-            history.append({"step": step, "loss": float(loss), "accuracy": acc})
+            history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc})
             log(
-                f"[sft] step {step} loss {float(loss):.4f} held-out greedy accuracy {acc:.3f} "
+                f"[sft] step {step} loss {float(loss.detach()):.4f} held-out greedy accuracy {acc:.3f} "
                 f"({time.perf_counter() - t0:.0f}s)"
             )
             if s.stop_at_accuracy is not None and acc >= s.stop_at_accuracy:
