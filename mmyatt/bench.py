@@ -28,6 +28,10 @@ def run_bench(name: str, quick: bool = False) -> dict:
         from mmyatt.checkpoint_bench import bench_checkpoint
 
         return bench_checkpoint(quick)
+    if name == "genrm":
+        from mmyatt.genrm_bench import bench_genrm
+
+        return bench_genrm(quick)
     if name == "faults":
         from mmyatt.faults_bench import bench_faults
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mmyatt.config import ConfigError
 
-BENCHES = ("text-grpo", "checkpoint", "faults")
+BENCHES = ("text-grpo", "checkpoint", "faults", "genrm")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +78,9 @@ def dispatch(args) -> int:
 
         return sft_command(args.config, args.overrides, args.run_dir)
     if args.cmd == "serve-genrm":
-        raise NotImplementedError("serve-genrm lands with issue #5 (GenRM serving)")
+        from mmyatt.rewards.judge_server import cli_main
+
+        return cli_main(args)
     if args.cmd == "bench":
         from mmyatt.bench import run_bench
 

@@ -54,7 +54,9 @@ class Policy(Protocol):
         """
         ...
 
-    def logprobs(self, rollout: Rollout, with_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    def logprobs(
+        self, rollout: Rollout, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """(N, A) differentiable log pi(a|s) of the rollout's actions under current weights,
         with the same numerics as sampling; with_entropy also returns (N, A) entropies."""
         ...

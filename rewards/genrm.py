@@ -1,0 +1,378 @@
+"""Generative reward models (GenRM): a (V)LM judge asked a question about each sample.
+
+:class:`GenRMReward` is a reward function with the same call signature as
+:class:`~mmyatt.rewards.rules.WeightedReward`: ``reward(outputs, records, prompt_ids)
+-> (rewards (N,) float32, parts)``. It builds one judge conversation per sample from
+a prompt template, sends them through a judge client (:class:`~mmyatt.rewards.
+judge_client.JudgeClient`, which talks to ``mmyatt serve-genrm`` or ``vllm serve``)
+and turns the answers into numbers with one of two modes:
+
+``yes_prob``
+    ``P(Yes) / (P(Yes) + P(No))`` from the judge's next-token distribution (one
+    forward pass, ``max_tokens=1`` with ``top_logprobs``): continuous, in [0, 1].
+    Probabilities are summed over the spelling variants in ``yes_tokens`` /
+    ``no_tokens``. When only one side appears in the top-k the other side's mass is
+    below the top-k cut-off and the value is 1.0 (or 0.0); when neither appears the
+    answer counts as a parse failure and ``fallback`` is used.
+``score``
+    The judge generates text; the last match of ``score_regex`` (group 1) is the
+    score, divided by ``score_max``. A missing match or a score outside
+    ``[0, score_max]`` is a parse failure and gives ``fallback``.
+
+With ``repeats=K`` each sample is judged K times with different seeds and the K
+values (fallbacks included) are averaged. ``score`` asks for the K samples in one
+request (``n=K``); ``yes_prob`` sends K requests (a deterministic judge returns the
+same distribution each time, so K > 1 only helps with a sampling or otherwise
+nondeterministic judge).
+
+Outputs may be PIL images (image-generation rewards; sent as PNG data URLs, or
+through ``encode``), numpy uint8 arrays (H, W, C), or strings (text answers, which
+reach the judge through the template's ``{output}`` field). ``image_key`` adds the
+record's own image (a path or a PIL image), e.g. to judge a VLM's answer about it.
+
+Templates are ``str.format`` strings filled with the record's fields plus ``output``
+(write literal braces as ``{{`` ``}}``). Built-in ones live in ``rewards/templates``:
+``yes_no_alignment``, ``score_1_10`` (images), ``yes_no_correct``,
+``score_text_1_10`` (text answers); any other value is read as a file path.
+
+``self.stats`` counts ``requests`` (HTTP requests), ``samples``, ``judgements``
+(samples x repeats), ``parse_failures`` (judgements that gave no value) and
+``fallback_used`` (samples whose reward includes a fallback value).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+import string
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+MODES = ("yes_prob", "score")
+DEFAULT_TEMPLATES = {"yes_prob": "yes_no_alignment", "score": "score_1_10"}
+
+
+def available_templates() -> list[str]:
+    return sorted(p.stem for p in TEMPLATE_DIR.glob("*.txt"))
+
+
+def load_template(name_or_path: str | Path) -> str:
+    """A built-in template by name (``"yes_no_alignment"``) or a template file's text."""
+    text = str(name_or_path)
+    builtin = TEMPLATE_DIR / f"{text}.txt"
+    if "/" not in text and "\\" not in text and builtin.is_file():
+        return builtin.read_text(encoding="utf-8").rstrip("\n")
+    path = Path(text)
+    if path.is_file():
+        return path.read_text(encoding="utf-8").rstrip("\n")
+    raise ValueError(
+        f"no judge template {text!r}: not a built-in ({', '.join(available_templates())}) "
+        "and no such file"
+    )
+
+
+def template_fields(template: str) -> set[str]:
+    """Top-level field names a ``str.format`` template uses."""
+    fields = set()
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None:
+            if name == "" or name.isdigit():
+                raise ValueError(f"judge template uses a positional field {{{name}}}; name it")
+            fields.add(re.split(r"[.\[]", name, maxsplit=1)[0])
+    return fields
+
+
+def image_data_url(image: Any) -> str:
+    """A PIL image, a numpy uint8 array (H, W[, C]) or an image file path as a data URL."""
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        mime = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp", ".gif": "gif"}
+        kind = mime.get(path.suffix.lower())
+        if kind is None:  # unknown suffix: decode and re-encode as PNG
+            from PIL import Image
+
+            with Image.open(path) as img:
+                return image_data_url(img.copy())
+        return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    if hasattr(image, "save") and hasattr(image, "mode"):  # PIL.Image.Image
+        img = image
+    elif hasattr(image, "dtype") and hasattr(image, "shape"):  # numpy array
+        from PIL import Image
+
+        img = Image.fromarray(image)
+    else:
+        raise TypeError(
+            f"cannot send a {type(image).__name__} to the judge as an image; pass "
+            "encode=fn(output) -> data URL for this output type"
+        )
+    if img.mode not in ("RGB", "RGBA", "L"):
+        img = img.convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _logsumexp(values: list[float]) -> float:
+    if not values:
+        return -math.inf
+    top = max(values)
+    if top == -math.inf:
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def yes_probability(
+    top_logprobs: Sequence[tuple[str, float]],
+    yes_tokens: Sequence[str],
+    no_tokens: Sequence[str],
+) -> float | None:
+    """P(yes) / (P(yes) + P(no)) from (token, logprob) pairs; None if neither side appears.
+
+    >>> round(yes_probability([("Yes", math.log(0.6)), ("No", math.log(0.2))], ["Yes"], ["No"]), 4)
+    0.75
+    """
+    yes = [lp for tok, lp in top_logprobs if tok in yes_tokens]
+    no = [lp for tok, lp in top_logprobs if tok in no_tokens]
+    if not yes and not no:
+        return None
+    ly, ln = _logsumexp(yes), _logsumexp(no)
+    if ln == -math.inf:
+        return 1.0
+    if ly == -math.inf:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(ln - ly))
+
+
+def parse_score(text: str, pattern: re.Pattern, score_max: float) -> float | None:
+    """The last match of ``pattern`` (group 1, else the match) / score_max, or None."""
+    matches = list(pattern.finditer(text or ""))
+    if not matches:
+        return None
+    m = matches[-1]
+    raw = m.group(1) if m.groups() else m.group(0)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    if not 0.0 <= value <= score_max or not math.isfinite(value):
+        return None
+    return value / score_max
+
+
+def _top_pairs(response: dict) -> list[tuple[str, float]] | None:
+    try:
+        entry = response["choices"][0]["logprobs"]["content"][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    pairs = [(t["token"], float(t["logprob"])) for t in entry.get("top_logprobs") or []]
+    if entry.get("token") is not None and entry["token"] not in {t for t, _ in pairs}:
+        pairs.append((entry["token"], float(entry["logprob"])))
+    return pairs
+
+
+class GenRMReward:
+    """A GenRM reward function; see the module docstring.
+
+    ``client`` is anything with ``chat_many(list_of_request_dicts) -> list_of_responses``
+    (a :class:`JudgeClient`), or a URL / list of URLs to build one from.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        mode: str = "yes_prob",
+        template: str | Path | None = None,
+        repeats: int = 1,
+        yes_tokens: Sequence[str] = ("Yes", " Yes", "yes"),
+        no_tokens: Sequence[str] = ("No", " No", "no"),
+        score_regex: str = r"Score:\s*(\d+(?:\.\d+)?)",
+        score_max: float = 10.0,
+        fallback: float = 0.0,
+        temperature: float = 0.0,
+        max_tokens: int = 16,
+        top_logprobs: int = 20,
+        image_key: str | None = None,
+        encode: Callable[[Any], str] | None = None,
+        system_prompt: str | None = None,
+        model: str | None = None,
+        seed: int = 0,
+        name: str = "genrm",
+    ):
+        if mode not in MODES:
+            raise ValueError(f"GenRM mode must be one of {MODES}, got {mode!r}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if score_max <= 0:
+            raise ValueError(f"score_max must be > 0, got {score_max}")
+        if not math.isfinite(fallback):
+            raise ValueError(f"fallback must be a finite number, got {fallback}")
+        if top_logprobs < 1:  # servers cap it: OpenAI at 20, vLLM at --max-logprobs
+            raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs}")
+        if isinstance(client, (str, list, tuple)):
+            from mmyatt.rewards.judge_client import JudgeClient
+
+            client = JudgeClient(client)
+        self.client = client
+        self.mode = mode
+        self.template_name = str(template or DEFAULT_TEMPLATES[mode])
+        self.template = load_template(self.template_name)
+        self.fields = template_fields(self.template)
+        self.repeats = int(repeats)
+        self.yes_tokens, self.no_tokens = tuple(yes_tokens), tuple(no_tokens)
+        self.score_pattern = re.compile(score_regex)
+        self.score_max = float(score_max)
+        self.fallback = float(fallback)
+        self.temperature = float(temperature)
+        self.max_tokens = int(max_tokens)
+        self.top_logprobs = int(top_logprobs)
+        self.image_key = image_key
+        self.encode = encode or image_data_url
+        self.system_prompt = system_prompt
+        self.model = model
+        self.seed = int(seed)
+        self.name = name
+        self._calls = 0
+        self.stats = {
+            "requests": 0,
+            "samples": 0,
+            "judgements": 0,
+            "parse_failures": 0,
+            "fallback_used": 0,
+        }
+
+    @property
+    def names(self) -> list[str]:
+        return [self.name, f"{self.name}_parse_failed"]
+
+    # --- building requests ------------------------------------------------------------
+    def messages(self, output: Any, record: dict, index: int = 0) -> list[dict]:
+        """The judge conversation for one sample."""
+        is_text = isinstance(output, str)
+        if is_text and "output" not in self.fields:
+            raise ValueError(
+                f"judge template {self.template_name!r} has no {{output}} field, so a text "
+                "output would never reach the judge; use e.g. 'yes_no_correct'"
+            )
+        if not is_text and "output" in self.fields:
+            raise ValueError(
+                f"judge template {self.template_name!r} puts {{output}} in the text, but the "
+                f"output is a {type(output).__name__} (sent as an image)"
+            )
+        values = dict(record)
+        if is_text:
+            values["output"] = output
+        missing = sorted(f for f in self.fields if f not in values)
+        if missing:
+            where = record.get("_source", f"sample {index}")
+            raise ValueError(
+                f"judge template {self.template_name!r} needs record field(s) {missing}, "
+                f"absent from {where} (fields: {sorted(record)})"
+            )
+        text = self.template.format_map(values)
+        parts: list[dict] = []
+        if self.image_key is not None:
+            if record.get(self.image_key) is None:
+                raise ValueError(f"record of sample {index} has no image {self.image_key!r}")
+            parts.append(
+                {"type": "image_url", "image_url": {"url": image_data_url(record[self.image_key])}}
+            )
+        if not is_text:
+            parts.append({"type": "image_url", "image_url": {"url": self.encode(output)}})
+        messages: list[dict] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        if parts:
+            parts.append({"type": "text", "text": text})
+            messages.append({"role": "user", "content": parts})
+        else:
+            messages.append({"role": "user", "content": text})
+        return messages
+
+    def _seed(self, sample: int, repeat: int) -> int:
+        return (self.seed * 1_000_003 + self._calls * 65_537 + sample * 101 + repeat) % (2**31)
+
+    def requests(self, outputs: Sequence[Any], records: Sequence[dict]) -> list[dict]:
+        """The request bodies for a batch: one per sample (score) or per repeat (yes_prob)."""
+        bodies = []
+        for i, (output, record) in enumerate(zip(outputs, records)):
+            base: dict[str, Any] = {"messages": self.messages(output, record, i)}
+            if self.model is not None:
+                base["model"] = self.model
+            if self.mode == "yes_prob":
+                for k in range(self.repeats):
+                    body = dict(base, max_tokens=1, temperature=0.0, logprobs=True)
+                    body.update(top_logprobs=self.top_logprobs, seed=self._seed(i, k))
+                    bodies.append(body)
+            else:
+                body = dict(base, max_tokens=self.max_tokens, temperature=self.temperature)
+                body.update(n=self.repeats, seed=self._seed(i, 0))
+                bodies.append(body)
+        return bodies
+
+    # --- scoring ----------------------------------------------------------------------
+    def _values(self, responses: list[dict], n: int) -> list[list[float | None]]:
+        values: list[list[float | None]] = []
+        if self.mode == "yes_prob":
+            for i in range(n):
+                row = []
+                for k in range(self.repeats):
+                    pairs = _top_pairs(responses[i * self.repeats + k])
+                    row.append(
+                        None
+                        if pairs is None
+                        else yes_probability(pairs, self.yes_tokens, self.no_tokens)
+                    )
+                values.append(row)
+        else:
+            for i in range(n):
+                choices = responses[i].get("choices") or []
+                texts = [(c.get("message") or {}).get("content") or "" for c in choices]
+                texts += [""] * (self.repeats - len(texts))  # missing choices: failures
+                values.append(
+                    [parse_score(t, self.score_pattern, self.score_max) for t in texts][
+                        : self.repeats
+                    ]
+                )
+        return values
+
+    def __call__(
+        self,
+        outputs: Sequence[Any],
+        records: Sequence[dict],
+        prompt_ids: Sequence[str] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Judge N samples: returns (N,) float32 rewards and {name, name_parse_failed}."""
+        import torch
+
+        if len(outputs) != len(records):
+            raise ValueError(f"{len(outputs)} outputs but {len(records)} records")
+        if prompt_ids is not None and len(prompt_ids) != len(outputs):
+            raise ValueError(f"{len(outputs)} outputs but {len(prompt_ids)} prompt ids")
+        bodies = self.requests(outputs, records)
+        self._calls += 1
+        responses = self.client.chat_many(bodies) if bodies else []
+        self.stats["requests"] += len(bodies)
+        values = self._values(list(responses), len(outputs))
+        rewards, failed = [], []
+        for row in values:
+            misses = sum(v is None for v in row)
+            filled = [self.fallback if v is None else v for v in row]
+            rewards.append(sum(filled) / len(filled))
+            failed.append(misses / len(row))
+            self.stats["parse_failures"] += misses
+            self.stats["fallback_used"] += int(misses > 0)
+        self.stats["samples"] += len(outputs)
+        self.stats["judgements"] += len(outputs) * self.repeats
+        total = torch.tensor(rewards, dtype=torch.float32)
+        return total, {
+            self.name: total.clone(),
+            f"{self.name}_parse_failed": torch.tensor(failed, dtype=torch.float32),
+        }

@@ -1,0 +1,460 @@
+"""Asynchronous client for GenRM judge servers speaking OpenAI chat completions.
+
+The same client talks to the embedded server (``mmyatt serve-genrm``) and to vLLM
+unchanged. A vLLM judge for ``yes_prob`` rewards (top-k next-token logprobs) is::
+
+    vllm serve /path/to/judge --host 127.0.0.1 --port 8000 --api-key K --max-logprobs 20
+
+(``--max-logprobs`` must be at least the ``top_logprobs`` the reward asks for; for a
+VLM judge add e.g. ``--limit-mm-per-prompt '{"image": 1}'``). Then
+``JudgeClient(["http://127.0.0.1:8000"], api_key="K")``. SGLang's OpenAI server works
+the same way.
+
+* **Async core, sync facade.** Requests run on a private asyncio event loop in a
+  daemon thread, over HTTP/1.1 keep-alive connections written with asyncio streams
+  (standard library only). ``chat_many(requests)`` blocks the caller and returns
+  responses in order; ``await client.achat(request)`` / ``achat_many`` serve async
+  callers on any loop (e.g. streaming each finished rollout sample to the judge).
+* **Bounded in-flight.** At most ``max_in_flight`` requests are on the wire at once;
+  the server batches the ones that arrive together.
+* **Least-in-flight balancing.** Each attempt goes to the server with the fewest
+  requests in flight (ties rotate), skipping servers that failed recently.
+* **Retries.** Connection errors, timeouts (``timeout_s`` per attempt), HTTP 5xx,
+  408 and 429 are retried: at once on another healthy server when there is one,
+  otherwise after an exponential backoff (``backoff_s * 2**k`` with jitter, capped at
+  ``backoff_max_s``). After ``max_retries`` retries the request fails with
+  :class:`JudgeUnavailableError`, naming the servers and the last error. Other 4xx
+  answers (bad request, wrong key, unknown model) are not retried:
+  :class:`JudgeRequestError`.
+* **Model name.** A request without ``"model"`` gets ``model=`` from the constructor,
+  or else the first id the server lists at ``/v1/models`` (vLLM names a model by the
+  path it was served from).
+* ``metrics()`` returns counters: requests, attempts, retries, failures, mean latency,
+  and per-server requests, errors and in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import ssl
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class JudgeError(RuntimeError):
+    """Base class of judge client errors."""
+
+
+class JudgeUnavailableError(JudgeError):
+    """No server answered within the retry budget."""
+
+    def __init__(self, message: str, urls: Sequence[str], last_error: BaseException | None):
+        super().__init__(message)
+        self.urls = list(urls)
+        self.last_error = last_error
+
+
+class JudgeRequestError(JudgeError):
+    """The server refused the request (4xx other than 408/429): retrying will not help."""
+
+    def __init__(self, message: str, status: int, url: str, body: Any = None):
+        super().__init__(message)
+        self.status, self.url, self.body = status, url, body
+
+
+class _RetryableError(Exception):
+    """An attempt failed in a way that another attempt may not."""
+
+
+@dataclass
+class _Server:
+    url: str
+    host: str
+    port: int
+    tls: bool
+    base_path: str
+    in_flight: int = 0
+    requests: int = 0
+    errors: int = 0
+    consecutive_failures: int = 0
+    down_until: float = 0.0
+    model: str | None = None
+    idle: list = field(default_factory=list)  # pooled (reader, writer) pairs
+
+
+def _parse_url(url: str) -> _Server:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"judge URL {url!r} must look like http://host:port")
+    tls = parts.scheme == "https"
+    base = parts.path.rstrip("/")
+    if base.endswith("/v1"):  # accept OpenAI-style base URLs too
+        base = base[: -len("/v1")]
+    clean = f"{parts.scheme}://{parts.netloc}{base}"
+    return _Server(clean, parts.hostname, parts.port or (443 if tls else 80), tls, base)
+
+
+class JudgeClient:
+    """See the module docstring. ``urls`` are server roots (``http://127.0.0.1:8000``)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str,
+        *,
+        api_key: str | None = None,
+        max_in_flight: int = 16,
+        timeout_s: float = 30.0,
+        max_retries: int = 5,
+        backoff_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        model: str | None = None,
+    ):
+        if isinstance(urls, str):
+            urls = [urls]
+        if not urls:
+            raise ValueError("JudgeClient needs at least one server URL")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.servers = [_parse_url(u) for u in urls]
+        self.urls = [s.url for s in self.servers]
+        self._api_key = api_key or None
+        self.max_in_flight = int(max_in_flight)
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.model = model
+        self.counters = {
+            "requests": 0,
+            "completed": 0,
+            "attempts": 0,
+            "retries": 0,
+            "failures": 0,
+            "latency_s_sum": 0.0,
+        }
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._sem: asyncio.Semaphore | None = None
+        self._rr = 0
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"JudgeClient({self.urls}, max_in_flight={self.max_in_flight})"
+
+    # --- event loop -----------------------------------------------------------------
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="judge-client", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _submit(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    def close(self) -> None:
+        """Close pooled connections and stop the client's loop thread."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._close_all(), loop).result(timeout=5)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not None:
+                thread.join(timeout=5)
+            loop.close()
+            self._sem = None
+
+    async def _close_all(self) -> None:
+        for server in self.servers:
+            while server.idle:
+                _, writer = server.idle.pop()
+                writer.close()
+
+    def __enter__(self) -> JudgeClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- public API -----------------------------------------------------------------
+    def chat_many(
+        self, requests: Sequence[dict], *, return_exceptions: bool = False
+    ) -> list[dict | BaseException]:
+        """Send chat-completion bodies concurrently; responses come back in order."""
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("chat_many cannot be called from the client's own loop")
+        return self._submit(self._chat_many(list(requests), return_exceptions)).result()
+
+    def chat(self, request: dict) -> dict:
+        return self.chat_many([request])[0]
+
+    async def achat(self, request: dict) -> dict:
+        return await asyncio.wrap_future(self._submit(self._chat(request)))
+
+    async def achat_many(
+        self, requests: Sequence[dict], *, return_exceptions: bool = False
+    ) -> list[dict | BaseException]:
+        return await asyncio.wrap_future(
+            self._submit(self._chat_many(list(requests), return_exceptions))
+        )
+
+    def health(self) -> dict[str, bool]:
+        """``{url: healthy}`` from ``GET /health`` (one attempt each, no retries)."""
+
+        async def check(server: _Server) -> bool:
+            try:
+                status, _, _ = await asyncio.wait_for(
+                    self._http(server, "GET", "/health", None), self.timeout_s
+                )
+                return status == 200
+            except Exception:  # noqa: BLE001 - any failure means not healthy
+                return False
+
+        async def run() -> list[bool]:
+            return list(await asyncio.gather(*(check(s) for s in self.servers)))
+
+        return dict(zip(self.urls, self._submit(run()).result()))
+
+    def metrics(self) -> dict:
+        with self._lock:
+            out = dict(self.counters)
+        done = max(out["completed"], 1)
+        out["mean_latency_ms"] = out.pop("latency_s_sum") / done * 1000.0
+        out["servers"] = {
+            s.url: {"requests": s.requests, "errors": s.errors, "in_flight": s.in_flight}
+            for s in self.servers
+        }
+        out["in_flight"] = {s.url: s.in_flight for s in self.servers}
+        return out
+
+    # --- internals ------------------------------------------------------------------
+    def _count(self, key: str, value: float = 1) -> None:
+        with self._lock:
+            self.counters[key] += value
+
+    async def _chat_many(self, requests: list[dict], return_exceptions: bool) -> list:
+        tasks = [asyncio.ensure_future(self._chat(r)) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks, return_exceptions=return_exceptions))
+        finally:
+            for t in tasks:  # on the first error, do not leave the rest running
+                t.cancel()
+
+    async def _chat(self, request: dict) -> dict:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.max_in_flight)
+        self._count("requests")
+        async with self._sem:
+            t0 = time.perf_counter()
+            response = await self._with_retries(request)
+            self._count("completed")
+            self._count("latency_s_sum", time.perf_counter() - t0)
+            return response
+
+    def _pick(self, exclude: set[int]) -> int:
+        now = time.monotonic()
+        n = len(self.servers)
+        candidates = [i for i in range(n) if i not in exclude] or list(range(n))
+        up = [i for i in candidates if self.servers[i].down_until <= now]
+        pool = up or candidates
+        start = self._rr
+        self._rr = (self._rr + 1) % n
+        return min(pool, key=lambda i: (self.servers[i].in_flight, (i - start) % n))
+
+    def _backoff(self, k: int) -> float:
+        delay = min(self.backoff_max_s, self.backoff_s * (2**k))
+        return delay * (0.5 + 0.5 * random.random())
+
+    async def _with_retries(self, request: dict) -> dict:
+        tried: set[int] = set()
+        last: BaseException | None = None
+        last_url = ""
+        sleeps = 0
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self._count("retries")
+                now = time.monotonic()
+                healthy_untried = [
+                    i for i, s in enumerate(self.servers) if i not in tried and s.down_until <= now
+                ]
+                if not healthy_untried:  # every server failed lately: wait, then start over
+                    await asyncio.sleep(self._backoff(sleeps))
+                    sleeps += 1
+                    tried.clear()
+            index = self._pick(tried)
+            server = self.servers[index]
+            tried.add(index)
+            self._count("attempts")
+            server.in_flight += 1
+            server.requests += 1
+            try:
+                body = dict(request)
+                if body.get("model") is None:
+                    body["model"] = self.model or await self._model_name(server)
+                response = await asyncio.wait_for(self._post_chat(server, body), self.timeout_s)
+            except JudgeRequestError:
+                self._count("failures")
+                raise
+            except (_RetryableError, OSError, asyncio.TimeoutError, EOFError) as error:
+                if isinstance(error, asyncio.TimeoutError):
+                    error = _RetryableError(f"no answer within {self.timeout_s:g} s")
+                last, last_url = error, server.url
+                server.errors += 1
+                server.consecutive_failures += 1
+                server.down_until = time.monotonic() + min(
+                    self.backoff_max_s, self.backoff_s * 2 ** (server.consecutive_failures - 1)
+                )
+                continue
+            finally:
+                server.in_flight -= 1
+            server.consecutive_failures = 0
+            server.down_until = 0.0
+            return response
+        self._count("failures")
+        raise JudgeUnavailableError(
+            f"no judge server answered after {self.max_retries + 1} attempts "
+            f"({self.max_retries} retries) over {self.urls}; last error from {last_url}: "
+            f"{type(last).__name__}: {last}",
+            self.urls,
+            last,
+        )
+
+    async def _model_name(self, server: _Server) -> str:
+        if server.model is None:
+            status, _, data = await self._http(server, "GET", "/v1/models", None)
+            self._check_status(server, status, data)
+            try:
+                server.model = json.loads(data)["data"][0]["id"]
+            except (ValueError, KeyError, IndexError, TypeError) as error:
+                raise _RetryableError(f"bad /v1/models answer from {server.url}") from error
+        return server.model
+
+    async def _post_chat(self, server: _Server, body: dict) -> dict:
+        payload = json.dumps(body).encode("utf-8")
+        status, _, data = await self._http(server, "POST", "/v1/chat/completions", payload)
+        self._check_status(server, status, data)
+        try:
+            return json.loads(data)
+        except ValueError as error:
+            raise _RetryableError(f"{server.url} sent invalid JSON ({len(data)} bytes)") from error
+
+    @staticmethod
+    def _check_status(server: _Server, status: int, data: bytes) -> None:
+        if status == 200:
+            return
+        try:
+            parsed = json.loads(data)
+            message = (parsed.get("error") or {}).get("message") or data[:300].decode()
+        except Exception:  # noqa: BLE001
+            parsed, message = None, data[:300].decode("utf-8", "replace")
+        if status in RETRYABLE_STATUS or status >= 500:
+            raise _RetryableError(f"HTTP {status}: {message}")
+        raise JudgeRequestError(
+            f"judge server {server.url} refused the request: HTTP {status}: {message}",
+            status,
+            server.url,
+            parsed,
+        )
+
+    # --- minimal HTTP/1.1 over asyncio streams ----------------------------------------
+    async def _connect(self, server: _Server):
+        context = ssl.create_default_context() if server.tls else None
+        return await asyncio.open_connection(server.host, server.port, ssl=context)
+
+    async def _http(
+        self, server: _Server, method: str, path: str, payload: bytes | None
+    ) -> tuple[int, dict, bytes]:
+        lines = [
+            f"{method} {server.base_path}{path} HTTP/1.1",
+            f"Host: {server.host}:{server.port}",
+            "User-Agent: mmyatt-judge-client",
+            "Accept: application/json",
+            "Connection: keep-alive",
+        ]
+        if self._api_key:
+            lines.append(f"Authorization: Bearer {self._api_key}")
+        if payload is not None:
+            lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        while True:
+            pooled = bool(server.idle)
+            reader, writer = server.idle.pop() if pooled else await self._connect(server)
+            try:
+                writer.write(head + (payload or b""))
+                await writer.drain()
+                status, headers, body, keep = await self._read_response(reader)
+            except BaseException as error:
+                writer.close()
+                # A pooled connection the server closed while idle: not the server's fault.
+                if pooled and isinstance(error, (ConnectionError, EOFError, _StaleError)):
+                    continue
+                if isinstance(error, _StaleError):
+                    raise _RetryableError("the server closed the connection") from None
+                raise
+            if keep:
+                server.idle.append((reader, writer))
+            else:
+                writer.close()
+            return status, headers, body
+
+    @staticmethod
+    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
+        status_line = await reader.readline()
+        if not status_line:
+            raise _StaleError()
+        parts = status_line.decode("latin-1").split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+            raise _RetryableError(f"bad HTTP status line {status_line[:80]!r}")
+        version, status = parts[0], int(parts[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = await reader.readline()
+            if not line:
+                raise _RetryableError("connection closed inside the response headers")
+            if line in (b"\r\n", b"\n"):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        connection = headers.get("connection", "").lower()
+        keep = connection != "close" and (version != "HTTP/1.0" or connection == "keep-alive")
+        try:
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                chunks = []
+                while True:
+                    size_line = await reader.readline()
+                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        break
+                    chunks.append(await reader.readexactly(size))
+                    await reader.readexactly(2)
+                body = b"".join(chunks)
+            elif "content-length" in headers:
+                body = await reader.readexactly(int(headers["content-length"]))
+            else:
+                body, keep = await reader.read(), False
+        except asyncio.IncompleteReadError as error:
+            raise _RetryableError("connection closed inside the response body") from error
+        return status, headers, body, keep
+
+
+class _StaleError(ConnectionError):
+    """The connection closed before a status line arrived."""

@@ -1,0 +1,215 @@
+"""Start N judge servers as child processes for a run, or adopt running ones.
+
+>>> with JudgePool("runs/judge", n=2) as pool:          # doctest: +SKIP
+...     reward = GenRMReward(JudgeClient(pool.urls))
+
+Each child is ``python -m mmyatt.rewards.judge_server MODEL_DIR --host 127.0.0.1
+--port 0`` (or ``base_port + i``). The child writes the port it bound to a file, the
+pool then waits for ``GET /health``; a child that exits or does not become healthy
+within ``startup_timeout_s`` raises an error quoting the end of its log. On GPU
+machines ``devices`` assigns ``CUDA_VISIBLE_DEVICES`` per server (round robin, a
+device may be ``"0,1"``). The API key reaches children through the
+``MMYATT_GENRM_API_KEY`` environment variable, never the command line (which ``ps``
+shows). Children exit on their own when the process that started them dies.
+
+``JudgePool.external(urls)`` wraps servers started elsewhere (``vllm serve``,
+``mmyatt serve-genrm``): it only checks their health, and ``stop()`` leaves them be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from mmyatt.rewards.judge_server import API_KEY_ENV
+
+
+class JudgePoolError(RuntimeError):
+    """A judge server did not start, or an external one is not healthy."""
+
+
+def check_health(url: str, timeout_s: float = 2.0) -> bool:
+    """True when ``GET url/health`` answers 200 (vLLM's /health answers with no body)."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[:-3]
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class JudgePool:
+    """N judge servers on loopback; see the module docstring."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None,
+        n: int = 1,
+        *,
+        base_port: int | None = None,
+        api_key: str | None = None,
+        devices: Sequence[str | int] | None = None,
+        startup_timeout_s: float = 120.0,
+        max_batch: int = 32,
+        batch_wait_ms: float = 5.0,
+        threads: int | None = None,
+        log_dir: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+    ):
+        self.urls: list[str] = []
+        self.processes: list[subprocess.Popen] = []
+        self.log_paths: list[Path] = []
+        self.external_urls = model_dir is None
+        self._api_key = api_key
+        if model_dir is None:
+            return  # JudgePool.external
+        if n < 1:
+            raise ValueError(f"a judge pool needs n >= 1 servers, got {n}")
+        if not Path(model_dir).is_dir():
+            raise FileNotFoundError(f"no judge model directory at {str(model_dir)!r}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="mmyatt-judges-")
+        work = Path(self._tmp.name)
+        logs = Path(log_dir) if log_dir is not None else work
+        logs.mkdir(parents=True, exist_ok=True)
+        port_files = []
+        try:
+            for i in range(n):
+                port_file = work / f"port{i}"
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "mmyatt.rewards.judge_server",
+                    str(model_dir),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(base_port + i if base_port is not None else 0),
+                    "--max-batch",
+                    str(max_batch),
+                    "--batch-wait-ms",
+                    str(batch_wait_ms),
+                    "--port-file",
+                    str(port_file),
+                    "--parent-pid",
+                    str(os.getpid()),
+                    *([f"--threads={threads}"] if threads else []),
+                    *extra_args,
+                ]
+                env = dict(os.environ)
+                env.pop(API_KEY_ENV, None)
+                if api_key:
+                    env[API_KEY_ENV] = api_key
+                if devices:
+                    env["CUDA_VISIBLE_DEVICES"] = str(devices[i % len(devices)])
+                log_path = logs / f"judge{i}.log"
+                with open(log_path, "wb") as log:
+                    proc = subprocess.Popen(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                    )
+                self.processes.append(proc)
+                self.log_paths.append(log_path)
+                port_files.append(port_file)
+            self._wait_ready(port_files, startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, port_files: list[Path], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        urls: list[str | None] = [None] * len(self.processes)
+        while True:
+            for i, proc in enumerate(self.processes):
+                if proc.poll() is not None:
+                    raise JudgePoolError(
+                        f"judge server {i} exited with code {proc.returncode} while starting; "
+                        f"log {self.log_paths[i]}:\n{_tail(self.log_paths[i])}"
+                    )
+                if urls[i] is None and port_files[i].is_file():
+                    urls[i] = f"http://127.0.0.1:{int(port_files[i].read_text())}"
+            if all(u is not None and check_health(u, 1.0) for u in urls):
+                self.urls = [u for u in urls if u is not None]
+                return
+            if time.monotonic() > deadline:
+                waiting = [i for i, u in enumerate(urls) if u is None or not check_health(u)]
+                raise JudgePoolError(
+                    f"judge servers {waiting} not healthy after {timeout_s:g} s; log "
+                    f"{self.log_paths[waiting[0]]}:\n{_tail(self.log_paths[waiting[0]])}"
+                )
+            time.sleep(0.1)
+
+    @classmethod
+    def external(cls, urls: Sequence[str], *, timeout_s: float = 10.0) -> JudgePool:
+        """Adopt servers started elsewhere after checking ``/health`` on each."""
+        if not urls:
+            raise ValueError("JudgePool.external needs at least one URL")
+        pool = cls(None)
+        deadline = time.monotonic() + timeout_s
+        pending = list(urls)
+        while pending:
+            pending = [u for u in pending if not check_health(u, 2.0)]
+            if pending and time.monotonic() > deadline:
+                raise JudgePoolError(f"judge servers not healthy after {timeout_s:g} s: {pending}")
+            if pending:
+                time.sleep(0.2)
+        pool.urls = [u.rstrip("/") for u in urls]
+        return pool
+
+    def stats(self) -> list[dict]:
+        """``/stats`` of each embedded server (empty dicts for servers without it)."""
+        out = []
+        for url in self.urls:
+            try:
+                headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+                request = urllib.request.Request(f"{url}/stats", headers=headers)
+                with urllib.request.urlopen(request, timeout=2.0) as r:
+                    out.append(json.loads(r.read()))
+            except (urllib.error.URLError, OSError, ValueError):
+                out.append({})
+        return out
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Terminate the children (SIGTERM), then kill any still running."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.processes = []
+        if getattr(self, "_tmp", None) is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> JudgePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            if self.processes:
+                self.stop(timeout_s=2.0)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
