@@ -38,11 +38,28 @@ def build_policy(m: ModelConfig):
 
 
 def build_reward(r: RewardConfig):
-    from mmyatt.rewards.rules import WeightedReward
+    import os
 
-    return WeightedReward(
-        [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in r.functions]
-    )
+    from mmyatt.rewards.mixture import RewardMixture
+
+    key = os.environ.get(r.judge.api_key_env) if r.judge.api_key_env else None
+    specs = [
+        {"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "zscore": s.zscore}
+        for s in r.functions
+    ]
+    return RewardMixture.from_specs(specs, judge_urls=r.judge.urls, api_key=key)
+
+
+def resolve_builtin(path: str | None) -> str | None:
+    """``builtin:<name>`` names a checkpoint shipped in models/builtin/."""
+    if path is None or not path.startswith("builtin:"):
+        return path
+    import mmyatt.models
+
+    p = Path(mmyatt.models.__file__).resolve().parent / "builtin" / path.split(":", 1)[1]
+    if not p.is_dir():
+        raise FileNotFoundError(f"{path}: no built-in checkpoint at {p}")
+    return str(p)
 
 
 def manifest_paths(spec: str) -> list[str]:

@@ -111,15 +111,30 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RewardSpec:
-    name: str
+    name: str  # a rule (rewards/rules.py, rewards/image.py), "module:function", or "genrm"
     weight: float = 1.0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    zscore: bool = False  # standardise this reward over the batch before weighting
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """GenRM judges: started with the run (``model``) or already running (``urls``)."""
+
+    model: str | None = None  # local judge directory, or builtin:<name>
+    num_servers: int = 1
+    urls: tuple[str, ...] = ()  # existing OpenAI-compatible servers (e.g. `vllm serve`)
+    api_key_env: str | None = None  # name of the env var holding the key; keys never enter configs
+    max_batch: int = 32
+    threads: int = 1  # torch threads per judge server (CPU)
+    devices: tuple[str, ...] = ()  # GPU ids, one per server
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     functions: tuple[RewardSpec, ...] = (RewardSpec(name="numeric_match"),)
     nonfinite: Literal["skip_step", "fail"] = "skip_step"
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
         data = dataclasses.replace(data, train=str(train), eval=str(ev))
     cfg = dataclasses.replace(cfg, data=data)
-    model = cfg.model
+    model = dataclasses.replace(cfg.model, path=builders.resolve_builtin(cfg.model.path))
+    cfg = dataclasses.replace(cfg, model=model)
     if model.path is None:
         model = dataclasses.replace(model, path=str(build_tiny(cfg, run_dir / "base_model", log)))
         cfg = dataclasses.replace(cfg, model=model)
@@ -75,26 +76,71 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     quiet_libraries()
     if under_launcher():  # an external torchrun started us: every rank is a controller
         dist = init_from_env(cfg.distributed.backend)
+        pool = None
         if dist.is_main:
-            cfg = prepare_and_save(cfg, rd)
+            cfg = prepare_run(cfg, rd)
+            cfg, pool = start_judges(cfg, rd)
+            save_config(cfg, rd)
         dist.barrier()
-        return controller_main(str(rd / "config.yaml"), [], str(rd))
-    cfg = prepare_and_save(cfg, rd)
-    argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
-    if cfg.distributed.nproc > 1:
-        rc = launch(cfg.distributed.nproc, argv)
-        if rc == 0:
-            print_summary(rd)
-        return rc
-    return controller_main(str(rd / "config.yaml"), [], str(rd))
-
-
-def prepare_and_save(cfg: RunConfig, rd: Path) -> RunConfig:
-    rd.mkdir(parents=True, exist_ok=True)
+        try:
+            return controller_main(str(rd / "config.yaml"), [], str(rd))
+        finally:
+            if pool is not None:
+                pool.stop()
     cfg = prepare_run(cfg, rd)
+    cfg, pool = start_judges(cfg, rd)
+    save_config(cfg, rd)
+    argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
+    try:
+        if cfg.distributed.nproc > 1:
+            rc = launch(cfg.distributed.nproc, argv)
+            if rc == 0:
+                print_summary(rd)
+            return rc
+        return controller_main(str(rd / "config.yaml"), [], str(rd))
+    finally:
+        if pool is not None:
+            pool.stop()
+            print("[judge] servers stopped", flush=True)
+
+
+def start_judges(cfg: RunConfig, rd: Path):
+    """Start the GenRM servers a run asks for; their URLs go into the resolved config."""
+    j = cfg.reward.judge
+    if j.model is None:
+        if j.urls:
+            from mmyatt.rewards.judge_pool import JudgePool
+
+            JudgePool.external(list(j.urls))  # fail now, not at the first reward call
+        return cfg, None
+    import os
+
+    from mmyatt.rewards.judge_pool import JudgePool
+
+    key = os.environ.get(j.api_key_env) if j.api_key_env else None
+    model = builders.resolve_builtin(j.model)
+    t0 = time.perf_counter()
+    pool = JudgePool(
+        model,
+        j.num_servers,
+        api_key=key,
+        devices=list(j.devices) or None,
+        max_batch=j.max_batch,
+        threads=j.threads,
+        log_dir=str(rd / "judges"),
+    )
+    print(
+        f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "
+        f"({time.perf_counter() - t0:.1f}s)",
+        flush=True,
+    )
+    judge = dataclasses.replace(j, urls=tuple(pool.urls))
+    return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, judge=judge)), pool
+
+
+def save_config(cfg: RunConfig, rd: Path) -> None:
     (rd / "config.yaml").write_text(dump_yaml(cfg))
     print("[config] resolved:\n" + dump_yaml(cfg), flush=True)
-    return cfg
 
 
 def quiet_libraries() -> None:

@@ -135,12 +135,16 @@ def resolve_reward(name: str) -> RewardFn:
         if not callable(fn):
             raise ValueError(f"reward {name!r} is a {type(fn).__name__}, not a function")
         return fn
-    if name not in REGISTRY:
-        raise ValueError(
-            f"unknown reward {name!r}; use one of {sorted(REGISTRY)} "
-            "or a user function as 'package.module:function'"
-        )
-    return REGISTRY[name]
+    if name in REGISTRY:
+        return REGISTRY[name]
+    from mmyatt.rewards.image import IMAGE_REWARDS  # image/video rules, imported on demand
+
+    if name in IMAGE_REWARDS:
+        return IMAGE_REWARDS[name]
+    raise ValueError(
+        f"unknown reward {name!r}; use one of {sorted(REGISTRY) + sorted(IMAGE_REWARDS)} "
+        "or a user function as 'package.module:function'"
+    )
 
 
 _SPEC_KEYS = {"name", "weight", "kwargs"}

@@ -98,14 +98,12 @@ def test_dynamic_sampling_single_rank_refills(tmp_path):
 
 
 def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overrides, steps, out):
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-    )
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    # a file store, not a TCP port: other processes on a busy machine cannot steal it
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp}/store-{port}", rank=rank, world_size=world
+    )
     dist = init_from_env("gloo")
     try:
         ctl = make_controller(Path(tmp), Path(manifest), dist, overrides)

@@ -1,0 +1,78 @@
+"""Several rewards, one number per sample: weights, optional per-reward z-score.
+
+A term is either a rule (any name ``resolve_reward`` knows, scored per sample) or
+``genrm`` (a judge asked about the whole batch through the judge client). Each term's
+raw values are reported under its name so that a judged reward and a rule checking
+the same property can be compared side by side (reward hacking shows as the two
+diverging).
+
+z-scoring (``zscore: true`` on a term) standardises that term over the samples this
+controller scored in the call, before weighting, so rewards on different scales mix
+without one dominating; it is local to the controller by design (no media or rewards
+cross ranks), and a constant term becomes 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmyatt.rewards.rules import WeightedReward
+
+BatchReward = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+
+class RewardMixture:
+    def __init__(self, terms: Sequence[tuple[str, BatchReward, float, bool]]):
+        """terms: (label, batch reward, weight, zscore)."""
+        if not terms:
+            raise ValueError("RewardMixture needs at least one term")
+        self.terms = list(terms)
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[dict], judge_urls: Sequence[str] = (), api_key=None):
+        terms, client = [], None
+        for i, spec in enumerate(specs):
+            name, weight = spec["name"], float(spec.get("weight", 1.0))
+            kwargs = dict(spec.get("kwargs") or {})
+            zscore = bool(spec.get("zscore", False))
+            if name == "genrm":
+                if not judge_urls:
+                    raise ValueError(
+                        f"reward.functions[{i}] is 'genrm' but no judge is configured: set "
+                        "reward.judge.model (servers started with the run) or reward.judge.urls"
+                    )
+                from mmyatt.rewards.genrm import GenRMReward
+                from mmyatt.rewards.judge_client import JudgeClient
+
+                client = client or JudgeClient(list(judge_urls), api_key=api_key)
+                source: Any = GenRMReward(client, **kwargs)
+            else:
+                source = WeightedReward([{"name": name, "kwargs": kwargs}])
+            label = name if name not in {t[0] for t in terms} else f"{name}#{i}"
+            terms.append((label, source, weight, zscore))
+        return cls(terms)
+
+    def __call__(self, outputs, records, prompt_ids=None) -> tuple[Tensor, dict[str, Tensor]]:
+        total = torch.zeros(len(outputs), dtype=torch.float32)
+        parts: dict[str, Tensor] = {}
+        for label, source, weight, zscore in self.terms:
+            values, extra = source(outputs, records, prompt_ids)
+            values = values.float()
+            parts[label] = values
+            for k, v in extra.items():
+                if k != label and not (isinstance(source, WeightedReward)):
+                    parts[k] = v
+            total = total + weight * (standardise(values) if zscore else values)
+        return total, parts
+
+
+def standardise(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """(x - mean) / std over the batch; 0 for a constant batch. NaN passes through."""
+    if x.numel() < 2:
+        return torch.zeros_like(x)
+    std = x.std()
+    return (x - x.mean()) / (std + eps) if std > eps else x - x.mean()
