@@ -149,7 +149,7 @@ class SFTConfig:
     stop_at_accuracy: float | None = None  # stop early once greedy held-out accuracy reaches it
     eval_prompts: int = 200
     target_key: str = "answer"
-    threads: int = 2  # SFT runs once, in the launching process, before controllers start
+    threads: int = 1  # SFT runs once, in the launching process, before controllers start
 
 
 @dataclass(frozen=True)
@@ -268,6 +268,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):

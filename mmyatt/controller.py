@@ -106,6 +106,7 @@ class Controller:
                 r = self.generate(records, self.train_sampling())
             with timer("reward"):
                 r = self.score(r)
+            r_any = r
             gen_sum += float(r.rewards.sum())
             gen_n += len(r)
             if a.dynamic_sampling:
@@ -119,7 +120,9 @@ class Controller:
                 break
             rounds += 1
         quota = alg.allocate_quota(self.dist.gather_ints(local_groups), target)[self.dist.rank]
-        rollout = self._first_groups(kept, quota)
+        # a rank may keep no group while others do: it still takes part in every collective
+        # of the step, with an empty (N = 0) rollout of the right shapes
+        rollout = self._first_groups(kept or [r_any], quota)
         g = self.dist.sum_many(
             {"kept": quota, "dropped": dropped, "gen": local_groups, "rsum": gen_sum, "rn": gen_n}
         )
@@ -180,6 +183,8 @@ class Controller:
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
+        if len(r) == 0:
+            return r
         with torch.no_grad():
             if a.recompute_old_logprobs:
                 r.logprobs = self.policy.logprobs(r).detach()
@@ -215,7 +220,11 @@ class Controller:
     def _minibatch_step(self, mb: Rollout | None) -> dict[str, float] | None:
         a = self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
-        local: dict[str, float] = {"tokens": 0.0}
+        # the same keys on every rank, whether or not this rank has samples in this minibatch
+        local = dict.fromkeys(
+            ("tokens", "den", "num", "entropy", "clip_frac", "ratio_mean", "approx_kl", "kl"), 0.0
+        )
+        num = None
         if mb is not None and len(mb):
             lp, ent = self.policy.logprobs(mb, with_entropy=True)
             mask = mb.mask
@@ -240,8 +249,6 @@ class Controller:
             local["entropy"] = float(alg.masked_mean(ent.detach(), mask)) * ntok
             for k in ("clip_frac", "ratio_mean", "approx_kl"):
                 local[k] = float(m[k]) * ntok
-        else:
-            num, local["den"], local["num"] = None, 0.0, 0.0
         g = self.dist.sum_many(local)
         if g["den"] <= 0:
             return {}
@@ -258,9 +265,10 @@ class Controller:
             self.policy.ema_update(self.cfg.model.ema_decay)
         tok = max(g["tokens"], 1.0)
         out = {"train/loss": g["num"] / g["den"], "train/grad_norm": float(grad_norm)}
-        for k in ("entropy", "clip_frac", "ratio_mean", "approx_kl", "kl"):
-            if k in g:
-                out[f"train/{k}"] = g[k] / tok
+        for k in ("entropy", "clip_frac", "ratio_mean", "approx_kl"):
+            out[f"train/{k}"] = g[k] / tok
+        if a.kl_coef > 0:
+            out["train/kl"] = g["kl"] / tok
         return out
 
     # ------------------------------------------------------------------ run state
@@ -399,9 +407,7 @@ class Controller:
         return index
 
     @staticmethod
-    def _first_groups(parts: list[Rollout], n_groups: int) -> Rollout | None:
-        if n_groups == 0 or not parts:
-            return None
+    def _first_groups(parts: list[Rollout], n_groups: int) -> Rollout:
         r = Rollout.concat(parts)
         slices = r.group_slices()[:n_groups]
         return r.select([i for sl in slices for i in range(sl.start, sl.stop)])

@@ -58,7 +58,11 @@ def make_controller(tmp: Path, manifest: Path, dist: Dist, overrides: list[str])
         policy=BanditPolicy(seed=0),
         reward=WeightedReward([{"name": "test_controller:arm_reward"}]),
         shard=ShardedManifest(
-            [str(manifest)], rank=dist.rank, world_size=dist.world_size, seed=0, shuffle=True
+            [str(manifest)],
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=0,
+            shuffle=cfg.data.shuffle,
         ),
         eval_records=[],
     )
@@ -107,9 +111,14 @@ def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overri
     dist = init_from_env("gloo")
     try:
         ctl = make_controller(Path(tmp), Path(manifest), dist, overrides)
-        rows = [ctl.step() for _ in range(steps)]
+        rows, local = [], []
+        for _ in range(steps):
+            rows.append(ctl.step())
+            local.append(len(ctl.last_rollout))
         params = [p.detach().tolist() for p in ctl.params]
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"rows": rows, "params": params}))
+        Path(out, f"rank{rank}.json").write_text(
+            json.dumps({"rows": rows, "params": params, "local": local})
+        )
     finally:
         shutdown()
 
@@ -139,6 +148,8 @@ def test_dynamic_sampling_refill_across_two_ranks(tmp_path):
         assert a["dynamic/kept_groups"] == b["dynamic/kept_groups"] == 4
         assert a["dynamic/dropped_groups"] == b["dynamic/dropped_groups"] > 0
         assert a["rollout/samples"] == b["rollout/samples"] == 16
+    # rank 0 kept nothing, yet took part in every collective of both steps
+    assert res[0]["local"] == [0, 0] and res[1]["local"] == [16, 16]
     assert res[0]["params"] == res[1]["params"]
 
 
