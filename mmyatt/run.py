@@ -215,7 +215,12 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         from tqdm import tqdm
 
         bar = tqdm(
-            total=t.steps, initial=first - 1, desc="train", file=sys.stdout, dynamic_ncols=True
+            total=t.steps,
+            initial=first - 1,
+            desc="train",
+            file=sys.stdout,
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stdout.isatty() else 15.0,  # keep captured logs short
         )
     start = time.perf_counter()
     step = first - 1
