@@ -10,9 +10,11 @@ the same code path.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 
 import torch
@@ -117,8 +119,13 @@ def under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
-def launch(nproc: int, argv: list[str], *, max_restarts: int = 0) -> int:
-    """Run ``python -m mmyatt <argv>`` as ``nproc`` controllers under torchrun's launcher."""
+def launch(nproc: int, argv: list[str], *, max_restarts: int = 0, saved_since=None) -> int:
+    """Run ``python -m mmyatt <argv>`` as ``nproc`` controllers under torchrun's launcher.
+
+    On SIGTERM the signal is passed on and the launcher waits; torchrun then exits
+    non-zero because it was signalled, so ``saved_since(t)`` (did the controllers write a
+    complete checkpoint after time t?) decides whether that was a clean stop (exit 0).
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -135,4 +142,18 @@ def launch(nproc: int, argv: list[str], *, max_restarts: int = 0) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCHELASTIC_ERROR_FILE", "")
-    return subprocess.call(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env)
+    term: list[float] = []
+
+    def forward(*_):  # pass SIGTERM on and wait: controllers finish the step and save first
+        term.append(time.time())
+        proc.send_signal(signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        rc = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if rc != 0 and term and saved_since is not None and saved_since(term[0]):
+        return 0
+    return rc

@@ -93,7 +93,7 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
     try:
         if cfg.distributed.nproc > 1:
-            rc = launch(cfg.distributed.nproc, argv)
+            rc = launch(cfg.distributed.nproc, argv, saved_since=lambda t: saved_since(rd, t))
             if rc == 0:
                 print_summary(rd)
             return rc
@@ -102,6 +102,12 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
         if pool is not None:
             pool.stop()
             print("[judge] servers stopped", flush=True)
+
+
+def saved_since(rd: Path, t: float) -> bool:
+    """A complete run-state checkpoint was written after time t."""
+    marks = (rd / "checkpoints" / "state").glob("step_*/COMPLETE")
+    return any(m.stat().st_mtime >= t for m in marks)
 
 
 def start_judges(cfg: RunConfig, rd: Path):
