@@ -32,6 +32,10 @@ def run_bench(name: str, quick: bool = False) -> dict:
         from mmyatt.genrm_bench import bench_genrm
 
         return bench_genrm(quick)
+    if name == "data-sharding":
+        from mmyatt.data_bench import bench_data_sharding
+
+        return bench_data_sharding(quick)
     if name == "faults":
         from mmyatt.faults_bench import bench_faults
 
