@@ -24,6 +24,16 @@ def build_policy(m: ModelConfig):
             prompt_overflow=m.prompt_overflow,
             use_chat_template=m.use_chat_template,
         )
+    if m.kind == "vlm":
+        from mmyatt.models.vlm import VLMPolicy
+
+        return VLMPolicy.load(
+            m.path,
+            dtype=DTYPES[m.dtype],
+            max_prompt_tokens=m.max_prompt_tokens,
+            video_fps=m.video_fps,
+            video_max_frames=m.video_max_frames,
+        )
     if m.kind == "flow":
         from mmyatt.models.flow import FlowPolicy
 
@@ -109,4 +119,38 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
         )
-    raise ValueError(f"unknown synthetic task {task!r}; available: arithmetic")
+    if task == "shapes_vqa":
+        from mmyatt.datasets.vision_tasks import write_shape_task
+
+        p = write_shape_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+        )
+        return p["train"], p["eval"]
+    if task == "motion_vqa":
+        from mmyatt.datasets.vision_tasks import write_motion_task
+
+        p = write_motion_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+        )
+        return p["train"], p["eval"]
+    if task in ("shapes_t2i", "motion_t2v"):
+        from mmyatt.datasets.shapes import write_shape_task
+
+        p = write_shape_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+            video=task == "motion_t2v",
+        )
+        return p["train"], p["eval"]
+    raise ValueError(
+        f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
+        "shapes_t2i, motion_t2v"
+    )

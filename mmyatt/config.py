@@ -31,9 +31,12 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    kind: Literal["text", "flow"] = "text"
+    kind: Literal["text", "vlm", "flow"] = "text"
     path: str | None = None  # local HF / diffusers directory; None builds the tiny built-in
-    tiny_size: str = "qwen2-1m"  # built-in size when path is None (text)
+    tiny_size: str = "qwen2-1m"  # built-in size when path is None (text; vlm: small/...)
+    vlm_arch: Literal["qwen2-vl", "qwen2.5-vl"] = "qwen2-vl"  # built-in VLM architecture
+    video_fps: float = 2.0  # VLM: uniform frame sampling rate for videos
+    video_max_frames: int = 8
     lora: LoraConfig = field(default_factory=LoraConfig)
     reference: Literal["lora_disabled", "frozen_copy"] = "lora_disabled"  # flow KL reference
     ema_decay: float | None = None  # flow: EMA of trained weights, used for eval when set
@@ -162,6 +165,8 @@ class TrainerConfig:
     threads: int = 1  # torch threads per controller
     save_rollouts_every: int = 10
     progress: bool = True
+    eval_sampling: Literal["greedy", "sample"] = "greedy"  # sample: at the training temperature,
+    # and greedy accuracy is logged as eval/greedy_accuracy too
 
 
 @dataclass(frozen=True)

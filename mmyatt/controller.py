@@ -308,11 +308,19 @@ class Controller:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, float]:
-        """Held-out prompts, one sample each, greedy; this rank scores its own share."""
+        """Held-out prompts, one sample each; this rank scores its own share. Greedy by
+        default; with trainer.eval_sampling=sample, sampled at the training temperature
+        (greedy accuracy saturates early and hides learning) plus a greedy pass."""
+        out = self._evaluate(self.eval_sampling(), "eval/reward")
+        if self.cfg.trainer.eval_sampling == "sample":
+            greedy = self._evaluate(self.eval_sampling(greedy=True), "eval/greedy")
+            out["eval/greedy_accuracy"] = greedy.get("eval/greedy/mean", float("nan"))
+        return out
+
+    def _evaluate(self, s: Sampling, prefix: str) -> dict[str, float]:
         recs = self.eval_records
         if not recs:
             return {}
-        s = self.eval_sampling()
         total, count, parts_sum, shown = 0.0, 0, {}, []
         bs = 64
         ema = self.cfg.model.ema_decay is not None
@@ -332,8 +340,9 @@ class Controller:
         self.eval_outputs = shown
         g = self.dist.sum_many({"total": total, "count": count, **parts_sum})
         n = max(g.pop("count"), 1.0)
-        out = {"eval/reward/mean": g.pop("total") / n}
-        out.update({f"eval/reward/{k}": v / n for k, v in g.items()})
+        out = {f"{prefix}/mean": g.pop("total") / n}
+        if prefix == "eval/reward":
+            out.update({f"{prefix}/{k}": v / n for k, v in g.items()})
         return out
 
     # ------------------------------------------------------------------ metrics and helpers
@@ -388,13 +397,16 @@ class Controller:
             train_steps=train_steps,
         )
 
-    def eval_sampling(self) -> Sampling:
+    def eval_sampling(self, greedy: bool | None = None) -> Sampling:
         s = self.cfg.sampling
+        if greedy is None:
+            greedy = self.cfg.trainer.eval_sampling == "greedy"
         return Sampling(
             temperature=s.temperature,
             max_new_tokens=s.max_new_tokens,
             stop=s.stop,
-            greedy=True,
+            greedy=greedy,
+            noise_level=0.0,  # flow eval: the deterministic ODE
             denoise_steps=s.eval_denoise_steps,
             guidance_scale=s.guidance_scale,
         )

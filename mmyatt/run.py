@@ -52,19 +52,31 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
 def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
     if (out / "config.json").exists():
         return out
-    if cfg.model.kind != "text":
-        raise NotImplementedError("tiny built-ins for this model kind land with issue #3")
+    if cfg.model.kind == "flow":
+        raise ValueError("model.path is required for flow models (e.g. builtin:tiny_t2i)")
     from mmyatt.datasets.manifest import ShardedManifest
-    from mmyatt.models.tiny import build_tiny_text_model
 
-    recs = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False).eval_records(
-        5000
-    )
-    corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
+    manifest = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False)
+    recs = manifest.eval_records(5000)
     t0 = time.perf_counter()
-    path = build_tiny_text_model(
-        out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
-    )
+    if cfg.model.kind == "vlm":
+        from mmyatt.models.tiny_vlm import build_tiny_vlm
+
+        corpus = [f"{r['prompt']} {r.get('answer', '')}" for r in recs]
+        path = build_tiny_vlm(
+            out,
+            arch=cfg.model.vlm_arch,
+            size=cfg.model.tiny_size,
+            corpus=corpus,
+            seed=cfg.trainer.seed,
+        )
+    else:
+        from mmyatt.models.tiny import build_tiny_text_model
+
+        corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
+        path = build_tiny_text_model(
+            out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
+        )
     log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
     return Path(path)
 
