@@ -1,0 +1,427 @@
+"""Synthetic vision-language tasks for the VLM demos, tests and the tiny judge.
+
+* **Colour / shape questions** (:func:`shape_records`, :func:`write_shape_task`): a 56x56
+  image of one coloured shape; "What colour is the shape?" -> colour word, "What shape
+  is it?" -> shape word.
+* **Motion** (:func:`write_motion_task`): 4-8 frame clips of a square moving left or
+  right, written as H.264 mp4; "Which way does the square move? Answer left or right."
+* **Judge SFT data** (:func:`judge_records`, :func:`write_judge_task`): "Does this image
+  show a {colour} {shape}? Answer Yes or No." with half positives and the negatives split
+  evenly between wrong colour, wrong shape and both wrong (``negative_type``), plus the
+  classification questions mixed in: a judge trained on Yes/No alone never learns to
+  reject wrong shapes (ENVIRONMENT.md), one that also answers "what colour / shape"
+  does.
+
+Everything is deterministic in ``seed``; on disk a task is ``images/`` (or ``videos/``)
+plus ``train.jsonl`` / ``eval.jsonl`` with media paths relative to the manifest, which
+:func:`mmyatt.datasets.media.media_transform` resolves. Train and eval draw from
+separate seeded streams and no image is shared between splits.
+
+:func:`train_judge` trains the tiny built-in judge (see its docstring for the recipe).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from .media import write_video
+from .shapes import COLOURS, SHAPES, draw_shape, moving_shape_clip
+
+IMAGE_SIZE = 56
+JITTER = 0.1  # centre jitter as a fraction of the image (shapes.draw_shape's default: 0.15)
+COLOUR_QUESTION = "What colour is the shape?"
+SHAPE_QUESTION = "What shape is it?"
+MOTION_QUESTION = "Which way does the square move? Answer left or right."
+JUDGE_QUESTION = "Does this image show a {colour} {shape}? Answer Yes or No."
+NEGATIVE_TYPES = ("colour", "shape", "both")
+
+
+def draw(
+    colour: str, shape: str, rng: np.random.Generator, sizes: tuple[int, ...] = (IMAGE_SIZE,)
+) -> Image.Image:
+    """One shape drawn by :func:`mmyatt.datasets.shapes.draw_shape` (the flow recipes'
+    images: solid shape, dark background), at a size picked from ``sizes``."""
+    size = sizes[int(rng.integers(len(sizes)))] if len(sizes) > 1 else sizes[0]
+    return draw_shape(colour, shape, size=size, rng=rng, jitter=JITTER)
+
+
+# --- colour / shape questions ----------------------------------------------------------
+def shape_records(
+    n: int,
+    *,
+    seed: int,
+    questions: tuple[str, ...] = ("colour", "shape"),
+    sizes: tuple[int, ...] = (IMAGE_SIZE,),
+) -> list[dict]:
+    """``n`` records with in-memory PIL images; questions cycle through ``questions``;
+    image sides are drawn from ``sizes``.
+
+    >>> r = shape_records(2, seed=0)
+    >>> r[0]["prompt"], r[1]["prompt"]
+    ('What colour is the shape?', 'What shape is it?')
+    """
+    rng = np.random.default_rng([seed, 1])
+    colours = list(COLOURS)
+    out = []
+    for i in range(n):
+        colour = colours[int(rng.integers(len(colours)))]
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        kind = questions[i % len(questions)]
+        out.append(
+            {
+                "id": f"s{seed}-{i}",
+                "prompt": COLOUR_QUESTION if kind == "colour" else SHAPE_QUESTION,
+                "image": draw(colour, shape, rng, sizes),
+                "answer": colour if kind == "colour" else shape,
+                "task": kind,
+                "colour": colour,
+                "shape": shape,
+            }
+        )
+    return out
+
+
+# --- judge data ------------------------------------------------------------------------
+def judge_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) -> list[dict]:
+    """``n`` Yes/No records: ``n // 2`` positives (rounded up), negatives cycling through
+    wrong colour / wrong shape / both in a shuffled order (counts within 1 of each
+    other), in random order. In-memory PIL images."""
+    rng = np.random.default_rng([seed, 2])
+    colours = list(COLOURS)
+    n_pos = (n + 1) // 2
+    kinds: list[str | None] = [None] * n_pos + [NEGATIVE_TYPES[i % 3] for i in range(n - n_pos)]
+    kinds = [kinds[i] for i in rng.permutation(n)]
+    out = []
+    for i, kind in enumerate(kinds):
+        colour = colours[int(rng.integers(len(colours)))]
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        claimed_colour, claimed_shape = colour, shape
+        if kind in ("colour", "both"):
+            claimed_colour = _other(colours, colour, rng)
+        if kind in ("shape", "both"):
+            claimed_shape = _other(list(SHAPES), shape, rng)
+        out.append(
+            {
+                "id": f"j{seed}-{i}",
+                "prompt": JUDGE_QUESTION.format(colour=claimed_colour, shape=claimed_shape),
+                "image": draw(colour, shape, rng, sizes),
+                "answer": "Yes" if kind is None else "No",
+                "negative_type": kind,
+                "task": "judge",
+                "colour": colour,
+                "shape": shape,
+                "claimed_colour": claimed_colour,
+                "claimed_shape": claimed_shape,
+            }
+        )
+    return out
+
+
+def judge_training_mix(
+    n: int,
+    *,
+    seed: int,
+    classification_fraction: float = 0.5,
+    sizes: tuple[int, ...] = (IMAGE_SIZE,),
+) -> list[dict]:
+    """Judge SFT data: Yes/No records with colour and shape questions mixed in
+    (``classification_fraction`` of the total), shuffled."""
+    n_cls = int(round(n * classification_fraction))
+    records = judge_records(n - n_cls, seed=seed, sizes=sizes)
+    records += shape_records(n_cls, seed=seed + 7919, sizes=sizes)
+    order = np.random.default_rng([seed, 3]).permutation(len(records))
+    return [records[i] for i in order]
+
+
+def _other(options: list[str], value: str, rng: np.random.Generator) -> str:
+    rest = [o for o in options if o != value]
+    return rest[int(rng.integers(len(rest)))]
+
+
+# --- writing tasks to disk ---------------------------------------------------------------
+def _write_split(records: list[dict], root: Path, split: str) -> Path:
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    path = root / f"{split}.jsonl"
+    with open(path, "w") as f:
+        for rec in records:
+            rec = dict(rec)
+            rel = f"images/{split}-{rec['id']}.png"
+            rec.pop("image").save(root / rel)
+            rec["image"] = rel
+            f.write(json.dumps(rec) + "\n")
+    return path
+
+
+def write_shape_task(
+    out_dir: str | Path, *, n_train: int = 512, n_eval: int = 128, seed: int = 0
+) -> dict[str, Path]:
+    """Colour and shape questions as PNGs + ``train.jsonl`` / ``eval.jsonl``."""
+    root = Path(out_dir)
+    return {
+        "train": _write_split(shape_records(n_train, seed=2 * seed), root, "train"),
+        "eval": _write_split(shape_records(n_eval, seed=2 * seed + 1), root, "eval"),
+    }
+
+
+def write_judge_task(
+    out_dir: str | Path,
+    *,
+    n_train: int = 4096,
+    n_eval: int = 600,
+    seed: int = 0,
+    classification_fraction: float = 0.5,
+) -> dict[str, Path]:
+    """Judge SFT data: ``train.jsonl`` (Yes/No mixed with classification questions) and
+    ``eval.jsonl`` (Yes/No only, balanced negative types)."""
+    root = Path(out_dir)
+    train = judge_training_mix(
+        n_train, seed=2 * seed, classification_fraction=classification_fraction
+    )
+    return {
+        "train": _write_split(train, root, "train"),
+        "eval": _write_split(judge_records(n_eval, seed=2 * seed + 1), root, "eval"),
+    }
+
+
+# --- motion videos -----------------------------------------------------------------------
+def motion_clip(
+    direction: str, rng: np.random.Generator, *, frames: int, size: int = IMAGE_SIZE
+) -> np.ndarray:
+    """(frames, size, size, 3) uint8: a square of a random colour sliding ``"left"`` or
+    ``"right"`` (:func:`mmyatt.datasets.shapes.moving_shape_clip`)."""
+    if direction not in ("left", "right"):
+        raise ValueError(f"direction must be 'left' or 'right', got {direction!r}")
+    colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
+    clip = moving_shape_clip(colour, "square", direction, num_frames=frames, size=size, rng=rng)
+    return np.stack([np.asarray(f) for f in clip])
+
+
+def write_motion_task(
+    out_dir: str | Path, *, n_train: int = 64, n_eval: int = 16, seed: int = 0, fps: float = 2.0
+) -> dict[str, Path]:
+    """Clips of 4, 6 or 8 frames written at ``fps`` (mp4, or GIF without an H.264
+    encoder), with ``train.jsonl`` / ``eval.jsonl`` (answer ``left`` / ``right``, half each).
+    At ``fps`` 2, :func:`~mmyatt.datasets.media.load_video` at 2 fps keeps every frame."""
+    root = Path(out_dir)
+    (root / "videos").mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n, stream in (("train", n_train, 2 * seed), ("eval", n_eval, 2 * seed + 1)):
+        rng = np.random.default_rng([stream, 4])
+        path = root / f"{split}.jsonl"
+        with open(path, "w") as f:
+            for i in range(n):
+                direction = ("left", "right")[i % 2]
+                frames = int(rng.choice([4, 6, 8]))
+                written = write_video(
+                    motion_clip(direction, rng, frames=frames),
+                    root / "videos" / f"{split}-{i}.mp4",
+                    fps=fps,
+                )
+                rec = {
+                    "id": f"m{stream}-{i}",
+                    "prompt": MOTION_QUESTION,
+                    "video": str(written.relative_to(root)),
+                    "answer": direction,
+                    "task": "motion",
+                    "num_frames": frames,
+                }
+                f.write(json.dumps(rec) + "\n")
+        paths[split] = path
+    return paths
+
+
+# --- judge evaluation and training -------------------------------------------------------
+def _messages(record: dict) -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": record["image"]},
+                {"type": "text", "text": record["prompt"]},
+            ],
+        }
+    ]
+
+
+def judge_accuracy(
+    policy, records: list[dict], *, batch_size: int = 64, top_k: int = 20
+) -> dict[str, Any]:
+    """Held-out Yes/No accuracy of ``policy`` (a :class:`~mmyatt.models.vlm.VLMPolicy`)
+    reading P(Yes) vs P(No) of the first answer token (``next_token_logprobs``), overall,
+    on positives and per negative type (``reject_<type>`` = rejection rate)."""
+    correct: dict[str, list[bool]] = {"positive": [], **{t: [] for t in NEGATIVE_TYPES}}
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        tops = policy.next_token_logprobs([_messages(r) for r in chunk], top_k)
+        for rec, top in zip(chunk, tops):
+            scores = {tok.strip(): lp for tok, lp in reversed(top)}  # most likely wins
+            yes, no = scores.get("Yes", -np.inf), scores.get("No", -np.inf)
+            said_yes = yes > no
+            key = rec["negative_type"] or "positive"
+            correct[key].append(said_yes == (rec["answer"] == "Yes"))
+    every = [c for v in correct.values() for c in v]
+    out: dict[str, Any] = {
+        "accuracy": float(np.mean(every)) if every else float("nan"),
+        "n": len(every),
+    }
+    out["accept_positive"] = (
+        float(np.mean(correct["positive"])) if correct["positive"] else float("nan")
+    )
+    for t in NEGATIVE_TYPES:
+        out[f"reject_{t}"] = float(np.mean(correct[t])) if correct[t] else float("nan")
+    return out
+
+
+def classification_accuracy(policy, records: list[dict], *, batch_size: int = 64) -> float:
+    """Greedy first-token accuracy on colour/shape questions (answers are single words)."""
+    hits = []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        tops = policy.next_token_logprobs([_messages(r) for r in chunk], 1)
+        hits += [top[0][0].strip() == r["answer"] for r, top in zip(chunk, tops)]
+    return float(np.mean(hits))
+
+
+def classification_by_task(policy, records: list[dict]) -> dict[str, float]:
+    """Greedy first-token accuracy per question type ({"colour": ..., "shape": ...})."""
+    out = {}
+    for task in ("colour", "shape"):
+        subset = [r for r in records if r["task"] == task]
+        if subset:
+            out[task] = classification_accuracy(policy, subset)
+    return out
+
+
+def train_judge(
+    out_dir: str | Path | None = None,
+    *,
+    minutes: float = 10.0,
+    seed: int = 0,
+    size: str = "base",
+    target: float = 0.95,
+    lr: float = 1e-3,
+    batch_size: int = 32,
+    stage_target: float = 0.95,
+    max_stage_steps: int = 800,
+    sizes: tuple[int, ...] = (IMAGE_SIZE,),
+    classification_fraction: float = 0.5,
+    n_eval: int = 600,
+    n_test: int = 1200,
+    eval_every: int = 100,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Train the tiny Yes/No judge with ``VLMPolicy.sft_loss``; save the best to ``out_dir``.
+
+    Recipe (one CPU thread is enough): a tiny Qwen2-VL of ``size``
+    (:func:`mmyatt.models.tiny_vlm.build_tiny_vlm`, seeded), AdamW at ``lr`` without
+    weight decay, gradient norm clipped to 1, batches of ``batch_size`` freshly drawn
+    records with images of sides ``sizes``. A curriculum of three stages:
+
+    1. "What shape is it?" only, until held-out shape accuracy reaches ``stage_target``
+       (shape is the hard attribute: mixed with colour questions from the start, 3-way
+       shape accuracy stalled near 0.85, while alone it passes 0.95 in ~300 steps);
+    2. colour and shape questions, until both reach ``stage_target``;
+    3. the judge mix (:func:`judge_training_mix`, ``classification_fraction`` of it
+       colour/shape questions, the rest Yes/No).
+
+    A stage also ends after ``max_stage_steps``. Every ``eval_every`` steps the stage's
+    metric is measured; in stage 3 that is :func:`judge_accuracy` on ``n_eval`` held-out
+    Yes/No records (their own seed stream). Training stops when it reaches ``target`` or
+    after ``minutes``; the best stage-3 checkpoint is saved (Hugging Face layout) and
+    scored once more on ``n_test`` fresh Yes/No records per image side in ``sizes``
+    (the eval set picked the checkpoint, so its score is optimistic; this one is not).
+    Returns {"best": metrics, "test": {side: metrics}, "history": [...], "steps": int,
+    "seconds": float}.
+    """
+    import torch
+
+    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.vlm import VLMPolicy
+
+    say = log or (lambda _msg: None)
+    torch.manual_seed(seed)
+    work = Path(out_dir) if out_dir is not None else None
+    build_dir = Path(f"/tmp/mmyatt-judge-build-{seed}") if work is None else work
+    build_tiny_vlm(build_dir, arch="qwen2-vl", size=size, corpus=_judge_corpus(), seed=seed)
+    policy = VLMPolicy.load(build_dir, max_prompt_tokens=64)
+    model = policy.module()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    eval_records = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
+    cls_eval = shape_records(192, seed=20_000 + seed, sizes=sizes)
+    stages: list[tuple[str, Callable[[int], list[dict]]]] = [
+        ("shape", lambda s: shape_records(batch_size, seed=s, questions=("shape",), sizes=sizes)),
+        ("classification", lambda s: shape_records(batch_size, seed=s, sizes=sizes)),
+        (
+            "judge",
+            lambda s: judge_training_mix(
+                batch_size, seed=s, sizes=sizes, classification_fraction=classification_fraction
+            ),
+        ),
+    ]
+    start = time.perf_counter()
+    history: list[dict] = []
+    best: dict[str, Any] = {"accuracy": -1.0}
+    step, stage, stage_start = 0, 0, 0
+    while True:
+        name, make = stages[stage]
+        batch = make(1_000_000 * (seed + 1) + step)
+        loss = policy.sft_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed = time.perf_counter() - start
+        out_of_time = elapsed > minutes * 60
+        if step % eval_every and not out_of_time:
+            continue
+        model.eval()
+        with torch.no_grad():
+            metrics: dict[str, Any] = classification_by_task(policy, cls_eval)
+            if name == "judge":
+                metrics.update(judge_accuracy(policy, eval_records))
+        model.train()
+        metrics.update(step=step, seconds=round(elapsed, 1), loss=float(loss.detach()), stage=name)
+        history.append(metrics)
+        say(json.dumps(metrics))
+        if name == "judge":
+            if metrics["accuracy"] > best["accuracy"]:
+                best = metrics
+                if work is not None:
+                    policy.save(str(work))
+            if metrics["accuracy"] >= target:
+                break
+        else:
+            passed = metrics["shape"] >= stage_target
+            if name == "classification":
+                passed = passed and metrics["colour"] >= stage_target
+            if passed or step - stage_start >= max_stage_steps:
+                stage, stage_start = stage + 1, step
+        if out_of_time:
+            break
+    seconds = time.perf_counter() - start
+    test: dict[int, dict] = {}
+    if work is not None and best["accuracy"] >= 0:
+        final = VLMPolicy.load(work, max_prompt_tokens=64)
+        with torch.no_grad():
+            for side in sizes:
+                test[side] = judge_accuracy(
+                    final, judge_records(n_test, seed=30_000 + seed, sizes=(side,))
+                )
+                say(json.dumps({"test_image_side": side, **test[side]}))
+    return {"best": best, "test": test, "history": history, "steps": step, "seconds": seconds}
+
+
+def _judge_corpus() -> list[str]:
+    """Tokenizer corpus: every question and answer the judge sees."""
+    texts = [COLOUR_QUESTION, SHAPE_QUESTION, MOTION_QUESTION, "Yes", "No", *COLOURS, *SHAPES]
+    texts += [JUDGE_QUESTION.format(colour=c, shape=s) for c in COLOURS for s in SHAPES]
+    return texts * 4

@@ -1,0 +1,234 @@
+"""Stochastic samplers that turn a flow-matching ODE into a policy (Flow-GRPO).
+
+A flow model predicts the velocity v = eps - x0 of the interpolation
+x_t = (1 - t) x0 + t eps (sigma = t; 1 is pure noise). Sampling integrates from
+sigma = 1 to 0. To do RL on it, each denoising transition x -> x' is made a Gaussian
+with a tractable log-density: the reverse-time SDE with the same marginals as the ODE
+(Flow-GRPO), or coefficients-preserving sampling (CPS). The step functions are pure,
+work on any (B, ...) tensor (images (B, C, H, W), video (B, C, F, H, W)) and compute
+in fp32 whatever the input dtype: in half precision the s^2 / (2 sigma) term overflows
+near sigma = 1 and the log-prob of a mean over thousands of elements loses the ratio.
+
+Conventions shared by all steps:
+
+* ``sigma``, ``sigma_next``, ``noise_level`` are python floats or tensors of shape (B,)
+  (one value per row); they broadcast over the non-batch dimensions.
+* ``prev_sample`` given: nothing is sampled; the log-prob of that sample is recomputed
+  (training). Otherwise x' is drawn with ``noise`` (a standard normal tensor) or from
+  ``generator``.
+* ``log_prob`` is the MEAN over all non-batch elements, shape (B,), as flow_grpo does:
+  the PPO ratio is then a per-element geometric mean, hence its tiny clip ranges.
+* Rows with ``noise_level == 0`` take the Euler ODE step x + v * Delta bit for bit and
+  get ``log_prob = 0``: a deterministic step has no density, and 0 keeps it finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["cps_step", "euler_step", "flow_sigmas", "sde_step", "train_step_schedule"]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _per_row(value: float | Tensor, ref: Tensor) -> Tensor:
+    """A float or (B,) tensor as fp32 of shape (B, 1, ..., 1) matching ``ref`` (B, ...)."""
+    t = torch.as_tensor(value, dtype=torch.float32, device=ref.device)
+    if t.ndim == 0:
+        t = t.expand(ref.shape[0])
+    if t.shape != (ref.shape[0],):
+        raise ValueError(
+            f"expected a float or a ({ref.shape[0]},) tensor, got shape {tuple(t.shape)}"
+        )
+    return t.reshape(-1, *([1] * (ref.ndim - 1)))
+
+
+def _draw(mu: Tensor, noise: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    if noise is not None:
+        if noise.shape != mu.shape:
+            raise ValueError(f"noise has shape {tuple(noise.shape)}, expected {tuple(mu.shape)}")
+        return noise.to(torch.float32)
+    return torch.randn(mu.shape, generator=generator, device=mu.device, dtype=torch.float32)
+
+
+def euler_step(x: Tensor, v: Tensor, sigma: float | Tensor, sigma_next: float | Tensor) -> Tensor:
+    """Deterministic ODE step x' = x + v * (sigma_next - sigma), fp32. x, v: (B, ...)."""
+    x, v = x.to(torch.float32), v.to(torch.float32)
+    return x + v * (_per_row(sigma_next, x) - _per_row(sigma, x))
+
+
+def sde_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float | Tensor,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    prev_sample: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One Flow-GRPO SDE step from ``sigma`` to ``sigma_next`` (DESIGN §5).
+
+    With Delta = sigma' - sigma < 0 and a = noise_level::
+
+        s   = a * sqrt(sigma / (1 - sigma))
+        mu  = x + [v + s^2 / (2 sigma) * (x + (1 - sigma) v)] * Delta
+        std = s * sqrt(-Delta)
+        x'  = mu + std * z,   z ~ N(0, I)
+
+    x + (1 - sigma) v is the predicted noise eps_hat, so the bracket is the ODE drift minus
+    (s^2 / 2) * score with score = -eps_hat / sigma: the reverse SDE with the ODE's marginals.
+    At sigma == 1 the ratio sigma / (1 - sigma) is infinite; like flow_grpo the denominator
+    then uses the next sigma (1 - sigma'), which only happens on the very first step.
+
+    Args:
+        x, v: (B, ...) current sample and predicted velocity.
+        sigma, sigma_next: floats or (B,) tensors.
+        noise_level: a, float or (B,) tensor; 0 gives the exact Euler step.
+    Returns:
+        (x_next (B, ...), log_prob (B,), mean (B, ...), std (B, 1, ..., 1)), all fp32.
+        log_prob is the element-mean Gaussian log-density of x_next (or of ``prev_sample``)
+        under N(mean, std^2); it is 0 on rows with noise_level == 0.
+    """
+    x, v = x.to(torch.float32), v.to(torch.float32)
+    sig, sig_next, a = _per_row(sigma, x), _per_row(sigma_next, x), _per_row(noise_level, x)
+    delta = sig_next - sig
+    denom = 1.0 - torch.where(sig == 1.0, sig_next, sig)
+    s = a * torch.sqrt(sig / denom)
+    mu = x + (v + s**2 / (2.0 * sig) * (x + (1.0 - sig) * v)) * delta
+    std = s * torch.sqrt(-delta)
+    deterministic = a == 0
+    # With a == 0 the bracket is v + 0 = v, but the Euler step is written out anyway so
+    # that the ODE equivalence never depends on how the arithmetic above is arranged.
+    mu = torch.where(deterministic, x + v * delta, mu)
+    if prev_sample is None:
+        x_next = torch.where(deterministic, mu, mu + std * _draw(mu, noise, generator))
+    else:
+        x_next = prev_sample.to(torch.float32)
+    safe_std = torch.where(deterministic, torch.ones_like(std), std)
+    # The sample is data, not a function of the weights: only mu carries the gradient.
+    lp = -((x_next.detach() - mu) ** 2) / (2.0 * safe_std**2) - torch.log(safe_std) - _LOG_SQRT_2PI
+    lp = torch.where(deterministic, torch.zeros_like(lp), lp)
+    return x_next, lp.mean(dim=tuple(range(1, lp.ndim))), mu, std
+
+
+def cps_step(
+    x: Tensor,
+    v: Tensor,
+    sigma: float | Tensor,
+    sigma_next: float | Tensor,
+    noise_level: float | Tensor,
+    noise: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    prev_sample: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One coefficients-preserving sampling (CPS) step, flow_grpo's ``sde_type="cps"``.
+
+    ::
+
+        s   = sigma' * sin(a * pi / 2)
+        x0  = x - sigma v,   x1 = x + (1 - sigma) v          (predicted data and noise)
+        mu  = (1 - sigma') x0 + sqrt(sigma'^2 - s^2) x1
+        x'  = mu + s * z
+        log pi = -mean((x' - mu)^2)
+
+    The log-prob drops every constant and the 1/(2 s^2) factor, as flow_grpo does: it is
+    NOT a normalised density, only a quantity whose differences give a usable PPO ratio
+    (the constants cancel in the ratio; the missing scale changes the ratio's steepness).
+    Shapes and return values as ``sde_step``; std is s. With a = 0 (and on rows with
+    a = 0) the exact Euler step is returned, which mu equals algebraically, and log_prob 0.
+    """
+    x, v = x.to(torch.float32), v.to(torch.float32)
+    sig, sig_next, a = _per_row(sigma, x), _per_row(sigma_next, x), _per_row(noise_level, x)
+    s = sig_next * torch.sin(a * (math.pi / 2.0))
+    x0_hat = x - sig * v
+    x1_hat = x + (1.0 - sig) * v
+    mu = (1.0 - sig_next) * x0_hat + torch.sqrt(sig_next**2 - s**2) * x1_hat
+    deterministic = a == 0
+    mu = torch.where(deterministic, x + v * (sig_next - sig), mu)
+    if prev_sample is None:
+        x_next = torch.where(deterministic, mu, mu + s * _draw(mu, noise, generator))
+    else:
+        x_next = prev_sample.to(torch.float32)
+    lp = -((x_next.detach() - mu) ** 2)
+    lp = torch.where(deterministic, torch.zeros_like(lp), lp)
+    return x_next, lp.mean(dim=tuple(range(1, lp.ndim))), mu, s
+
+
+def flow_sigmas(num_steps: int, shift: float = 3.0) -> Tensor:
+    """(num_steps + 1,) fp32 sigmas from 1 down to 0, exactly as diffusers'
+    ``FlowMatchEulerDiscreteScheduler(shift=shift).set_timesteps(num_steps)`` makes them."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    sched = FlowMatchEulerDiscreteScheduler(shift=shift)
+    sched.set_timesteps(num_steps, device="cpu")
+    return sched.sigmas.to(torch.float32).clone()
+
+
+_MODES = ("all", "fraction", "window", "sliding")
+
+
+def train_step_schedule(
+    num_steps: int,
+    *,
+    mode: str = "all",
+    fraction: float = 1.0,
+    window: int = 2,
+    window_start: int = 0,
+    step: int = 0,
+    slide_every: int = 1,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Which denoising steps are stochastic (SDE) and which are trained.
+
+    Steps are indexed 0..num_steps-1 from high noise to low noise. Returns
+    ``(sde_steps, train_steps)``, sorted tuples, train_steps a subset of sde_steps; the
+    engine copies them into ``Sampling.sde_steps`` / ``Sampling.train_steps``.
+
+    * ``"all"``: every step is SDE and trained (Flow-GRPO).
+    * ``"fraction"``: every step is SDE; the first int(num_steps * fraction) are trained
+      (flow_grpo ``timestep_fraction``: 0.99 of 10 steps trains steps 0-8).
+    * ``"window"``: SDE and training only in [window_start, window_start + window), ODE
+      elsewhere (Flow-GRPO-Fast).
+    * ``"sliding"``: MixGRPO. Like "window", but the start moves one step toward low noise
+      every ``slide_every`` training steps (``step`` is the engine's training step), and
+      wraps around to step 0 after the last position num_steps - window.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    everything = tuple(range(num_steps))
+    if mode == "all":
+        return everything, everything
+    if mode == "fraction":
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        n = int(num_steps * fraction)
+        if n < 1:
+            raise ValueError(
+                f"fraction {fraction} of {num_steps} steps trains no step; raise it to "
+                f">= {1.0 / num_steps:.4g}"
+            )
+        return everything, everything[:n]
+    if not 1 <= window <= num_steps:
+        raise ValueError(f"window must be in [1, num_steps={num_steps}], got {window}")
+    positions = num_steps - window + 1  # valid window starts: 0..num_steps-window
+    if not 0 <= window_start < positions:
+        raise ValueError(
+            f"window_start must be in [0, {positions - 1}] for window {window} of "
+            f"{num_steps} steps, got {window_start}"
+        )
+    start = window_start
+    if mode == "sliding":
+        if slide_every < 1:
+            raise ValueError(f"slide_every must be >= 1, got {slide_every}")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        start = (window_start + step // slide_every) % positions
+    steps = tuple(range(start, start + window))
+    return steps, steps

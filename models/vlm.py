@@ -1,0 +1,843 @@
+"""VLM policy adapter: Qwen2-VL and Qwen2.5-VL (transformers) from a local directory.
+
+The sampling loop mirrors :mod:`mmyatt.models.text`: our own prefill + KV-cached decode,
+per-prompt random generators (a prompt's group is the same on any rank and in any
+batch), prompts left-padded to a fixed width P, log-probs of the tempered distribution
+recorded at sampling and recomputed with the same numerics. Each prompt (and its media)
+is prefilled once and its KV cache repeated for the G samples, so the vision tower runs
+B times per rollout, not B * G.
+
+What a VLM adds:
+
+* **Media.** A record is ``{"prompt": str | messages, "image": path | PIL | data URL |
+  list of those, "video": path | (T, H, W, 3) frames | list of frames, ...}``. Images go
+  through the checkpoint's ``Qwen2VLImageProcessor`` (its PIL backend when torchvision
+  is missing). Videos are sampled uniformly (:func:`mmyatt.datasets.media.load_video`)
+  and patched by hand, without torchvision: frames are resized with the image
+  processor's ``smart_resize`` bounds, rescaled and normalised with its mean/std, padded
+  to a multiple of the temporal patch by repeating the last frame, and laid out as
+  ``(T, C, H, W) -> (gt, tp, C, gh/m, m, p, gw/m, m, p) -> (gt, gh/m, gw/m, m, m, C, tp,
+  p, p) -> (gt*gh*gw, C*tp*p*p)``, the layout of Qwen's own processors (a still
+  two-frame video gives the image path's pixels).
+* **Placeholders.** The chat template writes one ``<|image_pad|>`` / ``<|video_pad|>``
+  per image/video; each is expanded to ``t*h*w / merge**2`` copies from its grid, and
+  ``mm_token_type_ids`` marks them (0 text, 1 image, 2 video).
+* **M-RoPE positions.** Prompt positions ``(3, N, P)`` come from the model's own
+  ``get_rope_index`` (left padding excluded by the attention mask). Everything after
+  the prompt is text, whose three position components are equal and continue the
+  prompt's last text run, so action ``k`` sits at ``last_prompt_position + 1 + k`` in
+  all three components. Decode steps pass exactly that; ``logprobs`` calls
+  ``get_rope_index`` on prompt + actions, which yields the same numbers.
+* **Banned tokens.** Vision special tokens (``<|vision_start|>``, ``<|vision_end|>``,
+  ``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_pad|>``), the pad token and vocabulary
+  rows past the tokenizer are never sampled: their logits are set to the most negative
+  float at sampling and scoring alike (a sampled image-pad token would break the
+  scoring pass, which expects one image feature per image token).
+
+Rollout.context: ``input_ids`` / ``attention_mask`` (N, P + A) long, ``temperature``
+(float) and ``media``: a list of N per-sample dicts (``pixel_values``,
+``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``,
+``second_per_grid_ts``; each a tensor or None). Pixel tensors differ in size between
+samples, so they are kept as per-sample references rather than padded: the G samples of
+a prompt share one dict (no copies), ``Rollout.select`` / ``concat`` index and join the
+list, and ``logprobs`` concatenates the tensors of the rows it scores.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor, nn
+
+from mmyatt.rollout import Rollout
+
+from .protocol import Sampling, seeded_generator
+
+logger = logging.getLogger("mmyatt.models.vlm")
+
+IGNORE_INDEX = -100
+VISION_SPECIAL_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+_MEDIA_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+)
+
+
+class PromptTooLongError(ValueError):
+    """A prompt (image tokens included) has more tokens than ``max_prompt_tokens``."""
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen2-VL's resize rule: sides divisible by ``factor``, area in [min, max] pixels,
+    aspect ratio kept as closely as possible (same as transformers' ``smart_resize``)."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"aspect ratio must be below 200, got {height}x{width}")
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+class VLMPolicy:
+    """The Policy protocol for a Qwen2-VL / Qwen2.5-VL model, tokenizer and image processor.
+
+    ``max_prompt_tokens`` fixes the prompt width P (image/video tokens included); a
+    longer prompt raises ``PromptTooLongError`` (truncating would cut vision tokens).
+    String prompts become one user message with the record's images and video before
+    the text; message-list prompts (OpenAI style, parts ``text`` / ``image`` /
+    ``image_url`` / ``video``) are used as given, parts without a payload taking the
+    record's images/video in order. ``video_fps`` / ``video_max_frames`` sample videos
+    given as paths.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        image_processor,
+        *,
+        max_prompt_tokens: int = 128,
+        system_prompt: str | None = None,
+        video_fps: float = 2.0,
+        video_max_frames: int = 8,
+    ):
+        if max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; a VLM prompt needs one")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.system_prompt = system_prompt
+        self.video_fps = float(video_fps)
+        self.video_max_frames = int(video_max_frames)
+        self.reference: nn.Module | None = None
+        self.stats: dict[str, int] = {"samples_generated": 0, "tokens_generated": 0}
+
+        config = model.config
+        self.image_token_id = int(config.image_token_id)
+        self.video_token_id = int(config.video_token_id)
+        self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
+        self.video_token = tokenizer.convert_ids_to_tokens(self.video_token_id)
+        vision = config.vision_config
+        self.merge = int(vision.spatial_merge_size)
+        self.patch = int(getattr(image_processor, "patch_size", None) or vision.patch_size)
+        self.temporal_patch = int(
+            getattr(image_processor, "temporal_patch_size", None) or vision.temporal_patch_size
+        )
+
+        self.eos_ids = _eos_ids(model, tokenizer)
+        # What SFT appends after an answer: the end-of-turn token of the chat format
+        # when the policy stops on it (Qwen's <|im_end|>), else the tokenizer's EOS.
+        im_end = tokenizer.get_vocab().get("<|im_end|>")
+        if im_end is not None and int(im_end) in self.eos_ids:
+            self.end_id = int(im_end)
+        elif tokenizer.eos_token_id is not None:
+            self.end_id = int(tokenizer.eos_token_id)
+        else:
+            self.end_id = min(self.eos_ids)
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        if pad is None:
+            raise ValueError("the tokenizer has neither a pad token nor an EOS token")
+        self.pad_id = int(pad)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        banned = set(range(len(tokenizer), vocab))
+        if self.pad_id not in self.eos_ids:
+            banned.add(self.pad_id)
+        for name in (
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "vision_end_token_id",
+        ):
+            if getattr(config, name, None) is not None:
+                banned.add(int(getattr(config, name)))
+        vocab_map = tokenizer.get_vocab()
+        banned.update(vocab_map[t] for t in VISION_SPECIAL_TOKENS if t in vocab_map)
+        banned -= self.eos_ids
+        self.banned_ids = sorted(banned)
+        self._banned = torch.tensor(self.banned_ids, dtype=torch.long)
+
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+        self._has_mm_types = "mm_token_type_ids" in params
+        rope = self._rope_fn(model)
+        self._rope_params = inspect.signature(rope).parameters
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu", **kw
+    ) -> VLMPolicy:
+        """Model, tokenizer and image processor from a local directory (no hub access).
+
+        Raises FileNotFoundError naming ``path`` and what is missing.
+        """
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"no model directory at {str(p)!r}")
+        missing = []
+        if not (p / "config.json").is_file():
+            missing.append("config.json")
+        if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
+            missing.append("weights (*.safetensors or pytorch_model*.bin)")
+        if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+            missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
+        if not (p / "preprocessor_config.json").is_file():
+            missing.append("image processor (preprocessor_config.json)")
+        if missing:
+            raise FileNotFoundError(
+                f"model directory {str(p)!r} is incomplete: missing {', '.join(missing)}"
+            )
+        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = _processor_chat_template(p)
+        image_processor = AutoImageProcessor.from_pretrained(
+            str(p), local_files_only=True, **_backend_kw()
+        )
+        model = AutoModelForImageTextToText.from_pretrained(
+            str(p), dtype=dtype, local_files_only=True
+        )
+        return cls(model.to(device), tokenizer, image_processor, **kw)
+
+    def module(self) -> nn.Module:
+        return self.model
+
+    def save(self, path: str) -> None:
+        """Model (safetensors), tokenizer and image processor in Hugging Face layout."""
+        self.model.save_pretrained(str(path))
+        self.tokenizer.save_pretrained(str(path))
+        self.image_processor.save_pretrained(str(path))
+
+    def enable_reference(self) -> None:
+        """Snapshot the current weights as the frozen KL reference."""
+        ref = copy.deepcopy(self.model)
+        ref.eval()
+        for param in ref.parameters():
+            param.requires_grad_(False)
+        self.reference = ref
+
+    @torch.no_grad()
+    def reference_logprobs(self, rollout: Rollout) -> Tensor:
+        if self.reference is None:
+            raise RuntimeError("call enable_reference() before reference_logprobs()")
+        return self._logprobs(self.reference, rollout, with_entropy=False)
+
+    # --- sampling -------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[dict], group_size: int, sampling: Sampling, seeds: list[int]
+    ) -> Rollout:
+        """``group_size`` completions per prompt; see the module docstring for context."""
+        if len(seeds) != len(prompts):
+            raise ValueError(
+                f"need one seed per prompt: {len(prompts)} prompts, {len(seeds)} seeds"
+            )
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        prepared = [self._prepare(rec, i) for i, rec in enumerate(prompts)]
+        res = self._sample(prepared, group_size, sampling, seeds, width=self.max_prompt_tokens)
+        G = group_size
+        media = [prep["media"] for prep in prepared for _ in range(G)]
+        return Rollout(
+            prompt_ids=[
+                str(r.get("id", r.get("_index", i)))
+                for i, r in enumerate(prompts)
+                for _ in range(G)
+            ],
+            actions=res["actions"],
+            logprobs=res["logprobs"],
+            mask=res["mask"],
+            context={
+                "input_ids": torch.cat([res["prompt_ids"], res["actions"]], 1),
+                "attention_mask": torch.cat([res["prompt_mask"], res["mask"].long()], 1),
+                "temperature": res["temperature"],
+                "media": media,
+            },
+            outputs=res["outputs"],
+            records=[r for r in prompts for _ in range(G)],
+            truncated=~res["stopped"],
+        )
+
+    def _sample(
+        self, prepared: list[dict], G: int, sampling: Sampling, seeds: list[int], width: int | None
+    ) -> dict[str, Any]:
+        if sampling.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+        if not 0.0 < sampling.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+        if sampling.temperature <= 0 and not sampling.greedy:
+            raise ValueError(f"temperature must be > 0 unless greedy, got {sampling.temperature}")
+        temperature = float(sampling.temperature) if sampling.temperature > 0 else 1.0
+        device = self._device()
+        A = sampling.max_new_tokens
+        ids_b, attn_b = self._left_pad([p["ids"] for p in prepared], width, device)
+        media_b = [p["media"] for p in prepared]
+        positions_b = self._positions(ids_b, attn_b, media_b)  # (3, B, P)
+
+        # Prefill each prompt once, then repeat its cache for the G samples.
+        cache = self._new_cache()
+        out = self._forward(
+            self.model, ids_b, attn_b, positions_b, media=media_b, cache=cache, keep=1
+        )
+        last_logits = out.logits[:, -1].repeat_interleave(G, 0)
+        if G > 1:
+            cache.batch_repeat_interleave(G)
+        prompt_ids = ids_b.repeat_interleave(G, 0)
+        prompt_mask = attn_b.repeat_interleave(G, 0)
+        next_pos = positions_b[0, :, -1].repeat_interleave(G, 0) + 1  # (N,) first action
+        N = prompt_ids.shape[0]
+        generators = [seeded_generator(s, device) for s in seeds]
+        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+
+        actions = torch.full((N, A), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros(N, A, dtype=torch.float32, device=device)
+        mask = torch.zeros(N, A, dtype=torch.float32, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        stopped = torch.zeros(N, dtype=torch.bool, device=device)
+        attn = prompt_mask
+        logits_t = last_logits
+        for t in range(A):
+            logits = self._tempered(logits_t, temperature)
+            token = (
+                logits.argmax(-1)
+                if sampling.greedy
+                else _sample(logits, sampling.top_p, generators, G)
+            )
+            live = ~finished
+            actions[:, t] = torch.where(live, token, self.pad_id)
+            chosen = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+            logprobs[:, t] = torch.where(live, chosen, 0.0)
+            mask[:, t] = live.float()
+            hit = live & torch.isin(token, eos)
+            if sampling.stop:
+                hit |= self._stop_string_hits(actions, t, live & ~hit, sampling.stop)
+            stopped |= hit
+            finished |= hit
+            if t == A - 1 or bool(finished.all()):
+                break
+            attn = torch.cat([attn, attn.new_ones(N, 1)], 1)
+            pos = (next_pos + t).view(1, N, 1).expand(3, N, 1)
+            out = self._forward(self.model, token[:, None], attn, pos, cache=cache, keep=1)
+            logits_t = out.logits[:, -1]
+
+        lengths = mask.sum(-1).long().tolist()
+        rows = actions.tolist()
+        outputs = self.tokenizer.batch_decode(
+            [r[:n] for r, n in zip(rows, lengths)], skip_special_tokens=True
+        )
+        self.stats["samples_generated"] += N
+        self.stats["tokens_generated"] += int(sum(lengths))
+        return dict(
+            actions=actions,
+            logprobs=logprobs,
+            mask=mask,
+            stopped=stopped,
+            outputs=outputs,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            temperature=temperature,
+        )
+
+    # --- scoring --------------------------------------------------------------------
+    def logprobs(
+        self, rollout: Rollout, with_entropy: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """(N, A) differentiable log pi(a|s), 0.0 where masked; optionally entropies.
+
+        One forward over prompt + completion (with the samples' pixels) at the sampling
+        temperature; leading all-pad columns and trailing all-masked action columns are
+        skipped, as in the text adapter.
+        """
+        return self._logprobs(self.model, rollout, with_entropy)
+
+    def _logprobs(self, model: nn.Module, rollout: Rollout, with_entropy: bool):
+        device = self._device()
+        ids = rollout.context["input_ids"].to(device)
+        attn = rollout.context["attention_mask"].to(device)
+        temperature = float(rollout.context["temperature"])
+        media = rollout.context["media"]
+        actions = rollout.actions.to(device)
+        mask = rollout.mask.to(device).bool()
+        N, A = actions.shape
+        P = ids.shape[1] - A
+        used = attn[:, :P].any(0).nonzero()
+        first = int(used[0]) if len(used) else P - 1
+        live = mask.any(0).nonzero()
+        last = int(live[-1]) + 1 if len(live) else 1
+        ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+        positions = self._positions(ids, attn, media)
+        out = self._forward(model, ids, attn, positions, media=media, keep=last)
+        logp_all = self._tempered(out.logits[:, -last:], temperature).log_softmax(-1)
+        kept = mask[:, :last]
+        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
+        lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
+        if not with_entropy:
+            return lp
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
+
+    def sft_loss(self, records: list[dict], target_key: str = "answer") -> Tensor:
+        """Mean cross entropy over completion tokens (``record[target_key]`` + the end of
+        turn token), prompt and media tokens excluded, at temperature 1 with the same
+        banned tokens as sampling."""
+        prepared = [self._prepare(rec, i) for i, rec in enumerate(records)]
+        rows, labels = [], []
+        for i, (rec, prep) in enumerate(zip(records, prepared)):
+            if target_key not in rec:
+                raise KeyError(f"record {rec.get('_source', i)!r} has no target key {target_key!r}")
+            target = self.tokenizer(str(rec[target_key]), add_special_tokens=False)["input_ids"]
+            target = [*target, self.end_id]
+            rows.append(prep["ids"] + target)
+            labels.append([IGNORE_INDEX] * len(prep["ids"]) + target)
+        device = self._device()
+        ids, attn = self._left_pad(rows, None, device)
+        lab = torch.full_like(ids, IGNORE_INDEX)
+        for i, lb in enumerate(labels):
+            lab[i, ids.shape[1] - len(lb) :] = torch.tensor(lb)
+        media = [p["media"] for p in prepared]
+        positions = self._positions(ids, attn, media)
+        out = self._forward(self.model, ids, attn, positions, media=media)
+        logits = self._tempered(out.logits[:, :-1], 1.0)
+        return F.cross_entropy(
+            logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=IGNORE_INDEX
+        )
+
+    # --- judge helpers (GenRM server) ------------------------------------------------
+    @torch.no_grad()
+    def next_token_logprobs(
+        self, messages_batch: list[list[dict]], top_k: int
+    ) -> list[list[tuple[str, float]]]:
+        """Top-``top_k`` (token text, log-prob) of the first assistant token for each
+        OpenAI-style conversation (content a string or parts ``text`` / ``image_url``
+        with a data URL or local path / ``image`` with a PIL image). Log-probs are of the
+        temperature-1 distribution with banned tokens excluded, most likely first.
+        Prompts are padded to the batch's longest and not limited by ``max_prompt_tokens``."""
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        prepared = [
+            self._prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
+        ]
+        device = self._device()
+        ids, attn = self._left_pad([p["ids"] for p in prepared], None, device)
+        media = [p["media"] for p in prepared]
+        out = self._forward(
+            self.model, ids, attn, self._positions(ids, attn, media), media=media, keep=1
+        )
+        logp = self._tempered(out.logits[:, -1], 1.0).log_softmax(-1)
+        k = min(top_k, logp.shape[-1] - len(self.banned_ids))
+        values, indices = logp.topk(k, dim=-1)
+        return [
+            [(self.tokenizer.decode([int(i)]), float(v)) for v, i in zip(vs.tolist(), ix.tolist())]
+            for vs, ix in zip(values, indices)
+        ]
+
+    @torch.no_grad()
+    def generate_text(
+        self,
+        messages_batch: list[list[dict]],
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        seeds: list[int] | None = None,
+        top_p: float = 1.0,
+        stop: tuple[str, ...] = (),
+    ) -> list[tuple[str, list[float]]]:
+        """One completion per conversation: (text, per-token log-probs). ``temperature``
+        0 is greedy (log-probs then at temperature 1). Prompts are padded to the batch's
+        longest and not limited by ``max_prompt_tokens``."""
+        seeds = list(seeds) if seeds is not None else list(range(len(messages_batch)))
+        if len(seeds) != len(messages_batch):
+            raise ValueError(
+                f"need one seed per conversation: {len(messages_batch)} vs {len(seeds)}"
+            )
+        sampling = Sampling(
+            temperature=temperature if temperature > 0 else 1.0,
+            greedy=temperature <= 0,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            stop=tuple(stop),
+        )
+        prepared = [
+            self._prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
+        ]
+        res = self._sample(prepared, 1, sampling, seeds, width=None)
+        lengths = res["mask"].sum(-1).long().tolist()
+        return [
+            (text, res["logprobs"][i, :n].tolist())
+            for i, (text, n) in enumerate(zip(res["outputs"], lengths))
+        ]
+
+    # --- prompt and media preparation ------------------------------------------------
+    def image_token_count(self, image: Any) -> int:
+        """How many ``<|image_pad|>`` tokens an image becomes (4 for 56x56 with the tiny
+        models: a 4x4 patch grid merged 2x2)."""
+        return (
+            int(self._image_inputs([_media().load_image(image)])[1].prod(-1).sum()) // self.merge**2
+        )
+
+    def _prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
+        """{"ids": prompt token ids (placeholders expanded), "media": per-sample tensors};
+        ``limit`` enforces ``max_prompt_tokens``."""
+        source = record.get("_source") or f"index {record.get('_index', index)}"
+        messages, images, videos = self._messages(record, source)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        media: dict[str, Tensor | None] = dict.fromkeys(_MEDIA_KEYS)
+        if images:
+            media["pixel_values"], media["image_grid_thw"] = self._image_inputs(images)
+            text = self._expand(text, self.image_token, media["image_grid_thw"], source)
+        elif self.image_token in text:
+            raise ValueError(f"prompt {source} has an image placeholder but no image")
+        if videos:
+            pv, grids, seconds = [], [], []
+            for frames, fps in videos:
+                values, grid = self._video_inputs(frames)
+                pv.append(values)
+                grids.append(grid)
+                seconds.append(self.temporal_patch / fps)
+            media["pixel_values_videos"] = torch.cat(pv)
+            media["video_grid_thw"] = torch.cat(grids)
+            media["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)
+            text = self._expand(text, self.video_token, media["video_grid_thw"], source)
+        elif self.video_token in text:
+            raise ValueError(f"prompt {source} has a video placeholder but no video")
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids:
+            raise ValueError(f"prompt {source} is empty after tokenization")
+        if limit and len(ids) > self.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"prompt {source} has {len(ids)} tokens (vision tokens included), over "
+                f"max_prompt_tokens={self.max_prompt_tokens}; shorten it, shrink its media "
+                "or raise the limit"
+            )
+        return {"ids": ids, "media": media}
+
+    def _messages(self, record: dict, source: str) -> tuple[list[dict], list[Image.Image], list]:
+        """Chat messages with normalised parts, the images and the (frames, fps) videos
+        in the order their placeholders appear."""
+        media = _media()
+        pending_images = _as_list(record.get("image"), is_video=False)
+        pending_video = _as_list(record.get("video"), is_video=True)
+        video_fps = float(record.get("video_fps") or self.video_fps)
+        images: list[Image.Image] = []
+        videos: list[tuple[np.ndarray, float]] = []
+
+        def take_video(payload) -> None:
+            if isinstance(payload, np.ndarray) and payload.ndim == 4:
+                frames, fps = payload, video_fps
+            else:
+                frames, fps = media.load_video_with_fps(
+                    payload, fps=self.video_fps, max_frames=self.video_max_frames, source=source
+                )
+            videos.append((np.asarray(frames, dtype=np.uint8), fps))
+
+        prompt = record["prompt"]
+        if isinstance(prompt, str):
+            parts: list[dict] = []
+            for image in pending_images:
+                images.append(media.load_image(image, source=source))
+                parts.append({"type": "image"})
+            for video in pending_video:
+                take_video(video)
+                parts.append({"type": "video"})
+            parts.append({"type": "text", "text": prompt})
+            messages = [{"role": "user", "content": parts}]
+        else:
+            messages = []
+            for message in prompt:
+                content = message.get("content")
+                if isinstance(content, str) or content is None:
+                    messages.append({"role": message["role"], "content": content or ""})
+                    continue
+                parts = []
+                for part in content:
+                    kind = part.get("type") or next(
+                        (k for k in ("image", "image_url", "video", "text") if k in part), None
+                    )
+                    if kind in ("image", "image_url"):
+                        payload = part.get("image")
+                        if kind == "image_url" or payload is None and "image_url" in part:
+                            url = part.get("image_url")
+                            payload = url.get("url") if isinstance(url, dict) else url
+                        if payload is None:
+                            if not pending_images:
+                                raise ValueError(f"prompt {source}: more image parts than images")
+                            payload = pending_images.pop(0)
+                        images.append(media.load_image(payload, source=source))
+                        parts.append({"type": "image"})
+                    elif kind == "video":
+                        payload = part.get("video")
+                        if payload is None:
+                            if not pending_video:
+                                raise ValueError(f"prompt {source}: more video parts than videos")
+                            payload = pending_video.pop(0)
+                        take_video(payload)
+                        parts.append({"type": "video"})
+                    elif kind == "text":
+                        parts.append({"type": "text", "text": part.get("text", "")})
+                    else:
+                        raise ValueError(f"prompt {source}: unsupported content part {part!r:.80}")
+                messages.append({"role": message["role"], "content": parts})
+            if pending_images or pending_video:
+                raise ValueError(f"prompt {source}: the record has media that no message part uses")
+        if self.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        return messages, images, videos
+
+    def _image_inputs(self, images: list[Image.Image]) -> tuple[Tensor, Tensor]:
+        out = self.image_processor(images=images, return_tensors="pt")
+        return out["pixel_values"].float(), out["image_grid_thw"].long()
+
+    def _video_inputs(self, frames: np.ndarray) -> tuple[Tensor, Tensor]:
+        """(gt*gh*gw, C*tp*p*p) float pixels and (1, 3) grid, laid out as Qwen's processors."""
+        ip = self.image_processor
+        p, m, tp = self.patch, self.merge, self.temporal_patch
+        size = getattr(ip, "size", None) or {}
+        min_pixels = getattr(ip, "min_pixels", None) or _get(size, "shortest_edge", 56 * 56)
+        max_pixels = getattr(ip, "max_pixels", None) or _get(size, "longest_edge", 28 * 28 * 1280)
+        T, H, W = frames.shape[:3]
+        h, w = smart_resize(H, W, p * m, int(min_pixels), int(max_pixels))
+        if (h, w) != (H, W):
+            resample = getattr(ip, "resample", Image.Resampling.BICUBIC)
+            frames = np.stack(
+                [np.asarray(Image.fromarray(f).resize((w, h), resample=resample)) for f in frames]
+            )
+        x = torch.from_numpy(np.ascontiguousarray(frames)).float()  # (T, h, w, C)
+        if getattr(ip, "do_rescale", True):
+            x = x * float(getattr(ip, "rescale_factor", 1 / 255))
+        if getattr(ip, "do_normalize", True):
+            mean = torch.tensor(ip.image_mean, dtype=torch.float32)
+            std = torch.tensor(ip.image_std, dtype=torch.float32)
+            x = (x - mean) / std
+        x = x.permute(0, 3, 1, 2)  # (T, C, h, w)
+        if T % tp:
+            x = torch.cat([x, x[-1:].expand(tp - T % tp, -1, -1, -1)])
+        C = x.shape[1]
+        gt, gh, gw = x.shape[0] // tp, h // p, w // p
+        x = x.reshape(gt, tp, C, gh // m, m, p, gw // m, m, p)
+        x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)  # (gt, bh, bw, mh, mw, C, tp, ph, pw)
+        return x.reshape(gt * gh * gw, C * tp * p * p).contiguous(), torch.tensor([[gt, gh, gw]])
+
+    def _expand(self, text: str, token: str, grids: Tensor, source: str) -> str:
+        pieces = text.split(token)
+        if len(pieces) - 1 != len(grids):
+            raise ValueError(
+                f"prompt {source}: {len(pieces) - 1} {token} placeholders for {len(grids)} inputs"
+            )
+        counts = (grids.prod(-1) // self.merge**2).tolist()
+        out = [pieces[0]]
+        for n, piece in zip(counts, pieces[1:]):
+            out.append(token * int(n))
+            out.append(piece)
+        return "".join(out)
+
+    # --- model plumbing --------------------------------------------------------------
+    @staticmethod
+    def _rope_fn(model):
+        fn = getattr(model, "get_rope_index", None)
+        return fn if fn is not None else model.model.get_rope_index
+
+    def _mm_types(self, ids: Tensor) -> Tensor:
+        types = torch.zeros_like(ids, dtype=torch.int32)
+        types[ids == self.image_token_id] = 1
+        types[ids == self.video_token_id] = 2
+        return types
+
+    def _batch_media(self, media: list[dict], device) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        for key in _MEDIA_KEYS:
+            parts = [m[key] for m in media if m.get(key) is not None]
+            if parts:
+                out[key] = torch.cat(parts).to(device)
+        return out
+
+    def _positions(self, ids: Tensor, attn: Tensor, media: list[dict]) -> Tensor:
+        """(3, N, L) M-RoPE positions from the model's own ``get_rope_index``."""
+        batched = self._batch_media(media, ids.device)
+        kw: dict[str, Any] = {
+            "image_grid_thw": batched.get("image_grid_thw"),
+            "video_grid_thw": batched.get("video_grid_thw"),
+            "attention_mask": attn,
+        }
+        if "mm_token_type_ids" in self._rope_params:
+            kw["mm_token_type_ids"] = self._mm_types(ids)
+        if "second_per_grid_ts" in self._rope_params:
+            kw["second_per_grid_ts"] = batched.get("second_per_grid_ts")
+        positions, _ = self._rope_fn(self.model)(ids, **kw)
+        return positions
+
+    def _forward(self, model, ids, attn, positions, *, media=None, cache=None, keep: int = 0):
+        kw: dict[str, Any] = {self._cache_kwarg: cache}
+        if keep and self._has_logits_to_keep:
+            kw["logits_to_keep"] = keep
+        if media is not None:
+            batched = self._batch_media(media, ids.device)
+            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+                if key in batched:
+                    kw[key] = batched[key]
+            if self._has_mm_types:
+                kw["mm_token_type_ids"] = self._mm_types(ids)
+        return model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            use_cache=cache is not None,
+            **kw,
+        )
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:
+            return DynamicCache()
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _tempered(self, logits: Tensor, temperature: float) -> Tensor:
+        logits = logits.float() / temperature
+        if len(self._banned):
+            logits = logits.index_fill(
+                -1, self._banned.to(logits.device), torch.finfo(logits.dtype).min
+            )
+        return logits
+
+    def _left_pad(self, seqs: list[list[int]], width: int | None, device) -> tuple[Tensor, Tensor]:
+        P = width if width is not None else max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(len(seqs), P, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attn[i, P - len(s) :] = 1
+        return ids.to(device), attn.to(device)
+
+    def _stop_string_hits(
+        self, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
+    ) -> Tensor:
+        """(N,) bool: rows whose completion now contains a stop string (see text.py)."""
+        hits = torch.zeros_like(rows)
+        index = rows.nonzero().flatten().tolist()
+        if not index:
+            return hits
+        window = 4 * max(len(s) for s in stops) + 8
+        start = max(0, t + 1 - window)
+        texts = self.tokenizer.batch_decode(
+            actions[index, start : t + 1].tolist(), skip_special_tokens=True
+        )
+        for i, text in zip(index, texts):
+            if any(s in text for s in stops):
+                hits[i] = True
+        return hits
+
+
+# --- helpers -------------------------------------------------------------------------
+def _media():
+    from mmyatt.datasets import media
+
+    return media
+
+
+def _as_list(value: Any, *, is_video: bool) -> list:
+    """Record media as a list of items. Images: one item or a list. Videos: a path, a
+    (T, H, W, 3) array or a list of frames is one video; a list of video paths is several."""
+    if value is None:
+        return []
+    if not is_video:
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    suffixes = _media().VIDEO_SUFFIXES
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(v, (str, Path)) and str(v).lower().endswith(suffixes) for v in value
+    ):
+        return list(value)
+    return [value]
+
+
+def _get(size: Any, key: str, default: int) -> int:
+    value = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+    return value if value is not None else default
+
+
+def _sample(logits: Tensor, top_p: float, generators: list[torch.Generator], group: int) -> Tensor:
+    """(N,) token ids; rows of group i draw from ``generators[i]`` only."""
+    probs = logits.softmax(-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+        probs = probs.masked_fill(
+            torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0
+        )
+    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+    for i, g in enumerate(generators):
+        rows = slice(i * group, (i + 1) * group)
+        out[rows] = torch.multinomial(probs[rows], 1, generator=g).squeeze(-1)
+    return out
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if value is None:
+            continue
+        ids.update(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
+    if not ids:
+        raise ValueError("neither the generation config nor the tokenizer names an EOS token")
+    return ids
+
+
+def _backend_kw() -> dict:
+    """Ask for the PIL image processor when torchvision is unusable (no warning)."""
+    try:
+        from transformers.utils import is_torchvision_available
+    except ImportError:
+        return {}
+    return {} if is_torchvision_available() else {"backend": "pil"}
+
+
+def _processor_chat_template(path: Path) -> str | None:
+    """The chat template of a processor-style checkpoint (chat_template.json / .jinja)."""
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    js = path / "chat_template.json"
+    if js.is_file():
+        return json.loads(js.read_text()).get("chat_template")
+    return None
