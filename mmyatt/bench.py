@@ -36,6 +36,10 @@ def run_bench(name: str, quick: bool = False) -> dict:
         from mmyatt.data_bench import bench_data_sharding
 
         return bench_data_sharding(quick)
+    if name == "flow-grpo":
+        from mmyatt.flow_bench import bench_flow_grpo
+
+        return bench_flow_grpo(quick)
     if name == "faults":
         from mmyatt.faults_bench import bench_faults
 

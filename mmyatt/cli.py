@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mmyatt.config import ConfigError
 
-BENCHES = ("text-grpo", "checkpoint", "faults", "genrm", "data-sharding")
+BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding")
 
 
 def main(argv: list[str] | None = None) -> int:
