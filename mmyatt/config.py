@@ -176,11 +176,13 @@ class CheckpointConfig:
     keep_every: int = 0  # also keep every step divisible by this (0 = none)
     async_save: bool = True
     resume: str = "auto"  # auto | never | a checkpoint directory
+    export_every: int = 0  # also write the policy in HF layout every N steps (0: only at the end)
 
 
 @dataclass(frozen=True)
 class DistributedConfig:
     nproc: int = 1  # controllers started by `mmyatt train` (ignored under an external torchrun)
+    max_restarts: int = 3  # a controller that dies restarts the group from the last checkpoint
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 

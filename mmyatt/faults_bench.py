@@ -9,6 +9,8 @@ and compares it with an uninterrupted reference run of the same job:
   must be ignored.
 * ``sigterm``: SIGTERM to every process after step 3; the run saves and exits 0; restart.
 * ``nan_reward``: the reward is NaN for one step; that step is skipped and counted.
+* ``controller_dies``: SIGKILL one controller only; torchrun restarts the group, which
+  resumes from the last checkpoint without a manual restart.
 
 ``records_lost`` counts manifest records that the reference run drew at some step and
 the faulted run did not draw at that step, plus records drawn that the reference did
@@ -182,6 +184,28 @@ def scenario_sigterm(tmp: Path, ref: Path) -> dict:
     return out
 
 
+def scenario_controller_dies(tmp: Path, ref: Path) -> dict:
+    """SIGKILL one controller (rank 1) only: torchrun restarts the group, which resumes
+    from the last checkpoint by itself (distributed.max_restarts)."""
+    import psutil
+
+    run = tmp / "one_dies"
+    proc = _start(tmp, run)
+    injected = _wait_for(_logged(run, 3), proc)
+    victims = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "_controller" in p.cmdline() and p.environ().get("RANK") == "1":
+                victims.append(p)
+        except psutil.Error:
+            pass
+    for p in victims:
+        p.kill()
+    injected = injected and bool(victims)
+    rc = proc.wait(timeout=600)
+    return _report("controller_dies", injected, rc, ref, run)
+
+
 def scenario_nan_reward(tmp: Path, ref: Path) -> dict:
     run = tmp / "nan"
     # eval at step 0 scores 8 prompts per rank, then 8 samples per rank per step:
@@ -221,7 +245,7 @@ def bench_faults(quick: bool = False) -> dict:
             raise RuntimeError(f"reference run failed; see {ref}.log")
         scenarios = [scenario_kill_during_step, scenario_nan_reward]
         if not quick:
-            scenarios += [scenario_kill_during_save, scenario_sigterm]
+            scenarios += [scenario_kill_during_save, scenario_sigterm, scenario_controller_dies]
         results = [s(tmp, ref) for s in scenarios]
     return {
         "benchmark": "faults",

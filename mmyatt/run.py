@@ -105,7 +105,12 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
     try:
         if cfg.distributed.nproc > 1:
-            rc = launch(cfg.distributed.nproc, argv, saved_since=lambda t: saved_since(rd, t))
+            rc = launch(
+                cfg.distributed.nproc,
+                argv,
+                max_restarts=cfg.distributed.max_restarts,
+                saved_since=lambda t: saved_since(rd, t),
+            )
             if rc == 0:
                 print_summary(rd)
             return rc
@@ -267,6 +272,8 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
                 f"len {m.get('response_length/mean', float('nan')):.1f}"
             )
         terminate = dist.any(stop_signal.received)
+        if c.export_every and step % c.export_every == 0 and dist.is_main:
+            ctl.policy.save(str(ctl.run_dir / "checkpoints" / f"export_step_{step:08d}"))
         if (c.save_every and step % c.save_every == 0) or terminate:
             ck.save(step, ctl.shared_state(), ctl.local_state())
         if terminate:

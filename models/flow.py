@@ -779,6 +779,13 @@ class FlowPolicy:
         for n, p in params.items():
             self._ema[n].lerp_(p.detach(), 1.0 - decay)
 
+    def ema_state(self) -> dict[str, Tensor] | None:
+        """The EMA weights (name -> tensor) for checkpoints; None before any update."""
+        return None if self._ema is None else {n: t.clone() for n, t in self._ema.items()}
+
+    def load_ema_state(self, state: dict[str, Tensor] | None) -> None:
+        self._ema = None if state is None else {n: t.clone() for n, t in state.items()}
+
     @contextlib.contextmanager
     def ema_weights(self):
         """Swap the EMA weights in (e.g. for evaluation sampling), restore on exit. Before

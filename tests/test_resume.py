@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_cli import ROOT, TINY, mmyatt
@@ -25,10 +26,13 @@ def train_rows(run: Path) -> dict[int, dict]:
 
 
 def assert_same_run(a: Path, b: Path) -> None:
-    wa = load_file(str(a / "checkpoints" / "final" / "model.safetensors"))
-    wb = load_file(str(b / "checkpoints" / "final" / "model.safetensors"))
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
+    files = sorted(p.relative_to(a) for p in (a / "checkpoints" / "final").rglob("*.safetensors"))
+    assert files
+    for f in files:
+        wa, wb = load_file(str(a / f)), load_file(str(b / f))
+        assert wa.keys() == wb.keys()
+        for k in wa:
+            assert torch.equal(wa[k], wb[k]), (f, k)
     assert train_rows(a) == train_rows(b)
 
 
@@ -81,3 +85,25 @@ def test_sigterm_saves_then_exits_and_resumes(tmp_path):
         assert_same_run(a, b)
     finally:
         del os.environ["TERM_FLAG"]
+
+
+@pytest.mark.parametrize(
+    "recipe", ["flow_grpo_tiny.yaml", "vlm_grpo_image_tiny.yaml"], ids=["flow", "vlm"]
+)
+def test_exact_resume_flow_and_vlm(tmp_path, recipe):
+    from test_recipes import RECIPES, SMALL
+
+    cfg = str(ROOT / "configs" / recipe)
+    args = [
+        *SMALL,
+        *RECIPES[recipe],
+        "checkpoint.save_every=1",
+        "distributed.nproc=2",
+        "data.prompts_per_step=2",
+    ]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=1", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
+    assert "continuing at step 2" in out.stdout
+    assert_same_run(full, parts)

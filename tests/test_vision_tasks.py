@@ -80,6 +80,14 @@ def test_judge_task_files(tmp_path):
     mix = judge_training_mix(10, seed=0, classification_fraction=0.3)
     assert collections.Counter(r["task"] for r in mix)["judge"] == 7
     assert isinstance(mix[0]["image"], Image.Image)
+    mix = judge_training_mix(40, seed=0, classification_fraction=0.25, attribute_fraction=0.25)
+    tasks = collections.Counter(r["task"] for r in mix)
+    assert tasks["judge"] == 20 and tasks["check_colour"] == tasks["check_shape"] == 5
+    for r in mix:
+        if r["task"] == "check_colour":
+            assert (r["colour"] in r["prompt"]) == (r["answer"] == "Yes")
+        if r["task"] == "check_shape":
+            assert (r["shape"] in r["prompt"]) == (r["answer"] == "Yes")
 
 
 def test_motion_task_videos_move(tmp_path):
