@@ -23,6 +23,7 @@ separate seeded streams and no image is shared between splits.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,8 @@ SHAPE_QUESTION = "What shape is it?"
 MOTION_QUESTION = "Which way does the square move? Answer left or right."
 JUDGE_QUESTION = "Does this image show a {colour} {shape}? Answer Yes or No."
 NEGATIVE_TYPES = ("colour", "shape", "both")
+COLOUR_CHECK = "Is the shape {colour}? Answer Yes or No."
+SHAPE_CHECK = "Is it a {shape}? Answer Yes or No."
 
 
 def draw(
@@ -124,18 +127,54 @@ def judge_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) 
     return out
 
 
+def attribute_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) -> list[dict]:
+    """One-attribute Yes/No checks, alternating "Is the shape {colour}?" and "Is it a
+    {shape}?", half of each true. They teach the comparison one attribute at a time."""
+    rng = np.random.default_rng([seed, 5])
+    colours = list(COLOURS)
+    out = []
+    for i in range(n):
+        colour = colours[int(rng.integers(len(colours)))]
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        kind, true = ("colour", "shape")[i % 2], bool((i // 2) % 2 == 0)
+        if kind == "colour":
+            claim = colour if true else _other(colours, colour, rng)
+            prompt = COLOUR_CHECK.format(colour=claim)
+        else:
+            claim = shape if true else _other(list(SHAPES), shape, rng)
+            prompt = SHAPE_CHECK.format(shape=claim)
+        out.append(
+            {
+                "id": f"a{seed}-{i}",
+                "prompt": prompt,
+                "image": draw(colour, shape, rng, sizes),
+                "answer": "Yes" if true else "No",
+                "task": f"check_{kind}",
+                "colour": colour,
+                "shape": shape,
+            }
+        )
+    return out
+
+
 def judge_training_mix(
     n: int,
     *,
     seed: int,
     classification_fraction: float = 0.5,
+    attribute_fraction: float = 0.0,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
 ) -> list[dict]:
-    """Judge SFT data: Yes/No records with colour and shape questions mixed in
-    (``classification_fraction`` of the total), shuffled."""
+    """Judge SFT data, shuffled: Yes/No judge records (:func:`judge_records`) with colour
+    and shape questions (``classification_fraction`` of the total) and one-attribute
+    checks (``attribute_fraction``, :func:`attribute_records`) mixed in."""
     n_cls = int(round(n * classification_fraction))
-    records = judge_records(n - n_cls, seed=seed, sizes=sizes)
+    n_attr = int(round(n * attribute_fraction))
+    if n_cls + n_attr > n:
+        raise ValueError("classification_fraction + attribute_fraction must be <= 1")
+    records = judge_records(n - n_cls - n_attr, seed=seed, sizes=sizes)
     records += shape_records(n_cls, seed=seed + 7919, sizes=sizes)
+    records += attribute_records(n_attr, seed=seed + 15485863, sizes=sizes)
     order = np.random.default_rng([seed, 3]).permutation(len(records))
     return [records[i] for i in order]
 
@@ -302,16 +341,18 @@ def classification_by_task(policy, records: list[dict]) -> dict[str, float]:
 def train_judge(
     out_dir: str | Path | None = None,
     *,
-    minutes: float = 10.0,
+    minutes: float = 30.0,
     seed: int = 0,
     size: str = "base",
-    target: float = 0.95,
+    target: float = 0.98,
     lr: float = 1e-3,
     batch_size: int = 32,
     stage_target: float = 0.95,
     max_stage_steps: int = 800,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
-    classification_fraction: float = 0.5,
+    classification_fraction: float = 0.25,
+    attribute_fraction: float = 0.25,
+    judge_steps: int = 3000,
     n_eval: int = 600,
     n_test: int = 1200,
     eval_every: int = 100,
@@ -328,8 +369,10 @@ def train_judge(
        (shape is the hard attribute: mixed with colour questions from the start, 3-way
        shape accuracy stalled near 0.85, while alone it passes 0.95 in ~300 steps);
     2. colour and shape questions, until both reach ``stage_target``;
-    3. the judge mix (:func:`judge_training_mix`, ``classification_fraction`` of it
-       colour/shape questions, the rest Yes/No).
+    3. the judge mix (:func:`judge_training_mix`): ``classification_fraction`` colour /
+       shape questions, ``attribute_fraction`` one-attribute Yes/No checks ("Is the
+       shape red?"), the rest judge questions; the learning rate follows a cosine from
+       ``lr`` to ``lr / 10`` over ``judge_steps``.
 
     A stage also ends after ``max_stage_steps``. Every ``eval_every`` steps the stage's
     metric is measured; in stage 3 that is :func:`judge_accuracy` on ``n_eval`` held-out
@@ -362,7 +405,11 @@ def train_judge(
         (
             "judge",
             lambda s: judge_training_mix(
-                batch_size, seed=s, sizes=sizes, classification_fraction=classification_fraction
+                batch_size,
+                seed=s,
+                sizes=sizes,
+                classification_fraction=classification_fraction,
+                attribute_fraction=attribute_fraction,
             ),
         ),
     ]
@@ -372,6 +419,10 @@ def train_judge(
     step, stage, stage_start = 0, 0, 0
     while True:
         name, make = stages[stage]
+        if name == "judge":  # cosine from lr to lr / 10 over judge_steps, then flat
+            progress = min(1.0, (step - stage_start) / judge_steps)
+            for group in opt.param_groups:
+                group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
         batch = make(1_000_000 * (seed + 1) + step)
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
@@ -424,4 +475,6 @@ def _judge_corpus() -> list[str]:
     """Tokenizer corpus: every question and answer the judge sees."""
     texts = [COLOUR_QUESTION, SHAPE_QUESTION, MOTION_QUESTION, "Yes", "No", *COLOURS, *SHAPES]
     texts += [JUDGE_QUESTION.format(colour=c, shape=s) for c in COLOURS for s in SHAPES]
+    texts += [COLOUR_CHECK.format(colour=c) for c in COLOURS]
+    texts += [SHAPE_CHECK.format(shape=s) for s in SHAPES]
     return texts * 4

@@ -71,6 +71,11 @@ class Controller:
     # ------------------------------------------------------------------ the step
     def step(self) -> dict[str, float]:
         """One RL step on this rank; returns globally reduced metrics."""
+        out = self._step()
+        self.step_count += 1  # counts skipped steps too: it is the loop's step number
+        return out
+
+    def _step(self) -> dict[str, float]:
         timer = PhaseTimer()
         self.consumed = []
         rollout, dyn = self.collect(timer)  # generate + reward (+ DAPO refill rounds)
@@ -208,7 +213,6 @@ class Controller:
                 steps += 1
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
-        self.step_count += 1
         out = {k: v / max(steps, 1) for k, v in sums.items()}
         out["train/optimizer_steps"] = float(steps)
         out["train/lr"] = self.scheduler.get_last_lr()[0]

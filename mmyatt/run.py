@@ -44,7 +44,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         from mmyatt.sft import run_sft
 
         out = run_dir / "sft_model"
-        run_sft(cfg, out, log=log)
+        if (out / "config.json").exists():  # a resumed run keeps its warm start
+            log(f"[prepare] reusing the SFT warm start in {out}")
+        else:
+            run_sft(cfg, out, log=log)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))
     return cfg
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -245,3 +247,16 @@ def test_generate_text_seeded(policy):
     assert 1 <= len(a[0][1]) <= 5 and all(lp <= 0 for lp in a[0][1])
     greedy = policy.generate_text(messages, max_new_tokens=5, temperature=0.0, seeds=[0])
     assert len(greedy) == 1
+
+
+# --- the built-in judge -----------------------------------------------------------------
+BUILTIN_JUDGE = Path(__file__).resolve().parents[1] / "models" / "builtin" / "tiny_judge"
+
+
+@pytest.mark.skipif(not BUILTIN_JUDGE.is_dir(), reason="no built-in tiny judge checkpoint")
+def test_builtin_tiny_judge_answers_yes_no():
+    from mmyatt.datasets.vision_tasks import judge_accuracy, judge_records
+
+    judge = VLMPolicy.load(BUILTIN_JUDGE, max_prompt_tokens=64)
+    metrics = judge_accuracy(judge, judge_records(48, seed=123), batch_size=48, top_k=5)
+    assert metrics["accuracy"] >= 0.9, metrics
