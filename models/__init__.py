@@ -19,6 +19,10 @@ _EXPORTS = {
     "train_bpe_tokenizer": "tokenizer",
     "TINY_TEXT_CONFIGS": "tiny",
     "build_tiny_text_model": "tiny",
+    "VLMPolicy": "vlm",
+    "build_tiny_vlm": "tiny_vlm",
+    "FlowPolicy": "flow",
+    "build_tiny_flow_model": "flow",
 }
 
 __all__ = sorted(_EXPORTS)
