@@ -182,7 +182,8 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class DistributedConfig:
     nproc: int = 1  # controllers started by `mmyatt train` (ignored under an external torchrun)
-    max_restarts: int = 3  # a controller that dies restarts the group from the last checkpoint
+    max_restarts: int = 3  # a dead controller restarts the group from the last checkpoint
+    # (only when checkpoint.save_every > 0)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 

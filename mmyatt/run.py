@@ -111,7 +111,9 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
             rc = launch(
                 cfg.distributed.nproc,
                 argv,
-                max_restarts=cfg.distributed.max_restarts,
+                # a restart resumes from the last checkpoint: without checkpoints there is
+                # nothing to restart from, and a failure ends the run
+                max_restarts=cfg.distributed.max_restarts if cfg.checkpoint.save_every else 0,
                 saved_since=lambda t: saved_since(rd, t),
             )
             if rc == 0:
