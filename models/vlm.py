@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
+from mmyatt.models.text import _eos_ids, _sample  # one sampler for text and VLM
 from mmyatt.rollout import Rollout
 
 from .protocol import Sampling, seeded_generator
@@ -793,34 +794,6 @@ def _as_list(value: Any, *, is_video: bool) -> list:
 def _get(size: Any, key: str, default: int) -> int:
     value = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
     return value if value is not None else default
-
-
-def _sample(logits: Tensor, top_p: float, generators: list[torch.Generator], group: int) -> Tensor:
-    """(N,) token ids; rows of group i draw from ``generators[i]`` only."""
-    probs = logits.softmax(-1)
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
-        probs = probs.masked_fill(
-            torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), 0.0
-        )
-    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    for i, g in enumerate(generators):
-        rows = slice(i * group, (i + 1) * group)
-        out[rows] = torch.multinomial(probs[rows], 1, generator=g).squeeze(-1)
-    return out
-
-
-def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    gen = getattr(model, "generation_config", None)
-    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if value is None:
-            continue
-        ids.update(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
-    if not ids:
-        raise ValueError("neither the generation config nor the tokenizer names an EOS token")
-    return ids
 
 
 def _backend_kw() -> dict:
