@@ -222,7 +222,10 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     found = ck.resolve(c.resume) if dist.is_main else None
     path = dist.broadcast_object(str(found) if found else None)
     first = 1
-    if path is not None:
+    if path is None:  # a fresh start in an existing run directory rewrites its history
+        log.truncate_after(-1)
+        ctl.truncate_trace(-1)
+    else:
         first = ctl.load_state(*ck.load(path)) + 1
         log.truncate_after(first - 1)  # rows a killed run logged after its last checkpoint
         ctl.truncate_trace(first - 1)
