@@ -165,3 +165,25 @@ def test_two_controllers_equal_one(tmp_path, minibatches):
     r1 = [r["reward/mean"] for r in one[0]["rows"]]
     r2 = [r["reward/mean"] for r in two[0]["rows"]]
     assert r1 == pytest.approx(r2)
+
+
+def test_nonfinite_loss_is_never_applied(tmp_path):
+    m = write_manifest(tmp_path / "m.jsonl", ["learn"] * 16)
+    ctl = make_controller(tmp_path, m, Dist(), [])
+    before = [p.detach().clone() for p in ctl.params]
+    honest = ctl.policy.logprobs
+
+    def poisoned(rollout, with_entropy=False):
+        lp, ent = honest(rollout, with_entropy=True)
+        lp = lp * float("nan")  # NaN that still carries a graph
+        return (lp, ent) if with_entropy else lp
+
+    ctl.policy.logprobs = poisoned
+    out = ctl.step()
+    assert out["step/skipped_nonfinite_loss_minibatches"] == 1.0
+    assert ctl.counters["faults/nonfinite_loss_steps"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, ctl.params))
+    ctl.policy.logprobs = honest  # later steps train normally
+    for _ in range(3):
+        ctl.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, ctl.params))
