@@ -5,10 +5,11 @@ generates its own rollouts (all G samples of a prompt on this rank), scores them
 computes advantages and takes optimizer steps whose gradients are summed over all
 controllers. Between controllers travel gradients, scalar metrics and counts only.
 
-What this file deliberately leaves out: process start-up and run preparation
-(``mmyatt.launch``), config -> object building (``mmyatt.builders``), the math
-(``mmyatt.algorithms``), and anything modality-specific (the adapters in
-``mmyatt.models``). Reading ``step`` top to bottom is reading the algorithm.
+What this file deliberately leaves out: process start-up, the run loop and run
+preparation (``mmyatt.run``, ``mmyatt.distributed``), config -> object building
+(``mmyatt.builders``), the math (``mmyatt.algorithms``), and anything modality-specific
+(the adapters in ``mmyatt.models``). Reading ``_step`` top to bottom is reading the
+algorithm.
 
 Equivalence across world sizes: a prompt's samples come from a generator seeded by
 (seed, epoch, record index), the loss is normalised by global counts and gradients
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -477,7 +477,3 @@ class Controller:
                     "parts": {k: float(v[i]) for k, v in r.reward_parts.items()},
                 }
                 f.write(json.dumps(row) + "\n")
-
-
-def now() -> float:
-    return time.perf_counter()
