@@ -119,8 +119,12 @@ def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overri
         Path(out, f"rank{rank}.json").write_text(
             json.dumps({"rows": rows, "params": params, "local": local})
         )
+        dist.barrier()
     finally:
         shutdown()
+    # results are on disk; leave without interpreter teardown, where gloo's threads
+    # occasionally abort ("terminate called without an active exception")
+    os._exit(0)
 
 
 def run_ranks(tmp_path, world, manifest, overrides, steps):
