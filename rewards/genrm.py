@@ -51,6 +51,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmyatt.rewards.rules import check_batch
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -352,10 +354,7 @@ class GenRMReward:
         """Judge N samples: returns (N,) float32 rewards and {name, name_parse_failed}."""
         import torch
 
-        if len(outputs) != len(records):
-            raise ValueError(f"{len(outputs)} outputs but {len(records)} records")
-        if prompt_ids is not None and len(prompt_ids) != len(outputs):
-            raise ValueError(f"{len(outputs)} outputs but {len(prompt_ids)} prompt ids")
+        check_batch(outputs, records, prompt_ids)
         bodies = self.requests(outputs, records)
         self._calls += 1
         responses = self.client.chat_many(bodies) if bodies else []

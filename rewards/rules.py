@@ -155,6 +155,14 @@ def _describe(completion: str, limit: int = 80) -> str:
     return repr(completion if len(completion) <= limit else completion[: limit - 3] + "...")
 
 
+def check_batch(outputs: Sequence, records: Sequence, prompt_ids: Sequence | None) -> None:
+    """The arguments every batch reward takes must describe the same N samples."""
+    if len(outputs) != len(records):
+        raise ValueError(f"{len(outputs)} outputs but {len(records)} records")
+    if prompt_ids is not None and len(prompt_ids) != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs but {len(prompt_ids)} prompt ids")
+
+
 class WeightedReward:
     """A weighted sum of reward functions, each given by a spec.
 
@@ -213,10 +221,7 @@ class WeightedReward:
         """Score N completions: returns total (N,) float32 and {name: raw values (N,)}."""
         import torch
 
-        if len(outputs) != len(records):
-            raise ValueError(f"{len(outputs)} outputs but {len(records)} records")
-        if prompt_ids is not None and len(prompt_ids) != len(outputs):
-            raise ValueError(f"{len(outputs)} outputs but {len(prompt_ids)} prompt ids")
+        check_batch(outputs, records, prompt_ids)
         total = torch.zeros(len(outputs), dtype=torch.float32)
         parts: dict[str, Tensor] = {}
         for label, fn, weight, kwargs in self.terms:
