@@ -135,6 +135,8 @@ def pretrain_flow(
     eval_steps: int = 20,
     eval_guidance: tuple[float, ...] = (1.0, 3.0),
     t_dist: str = "logit_normal",
+    device: str = "cpu",
+    max_minutes: float | None = None,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -145,6 +147,11 @@ def pretrain_flow(
     scale in ``eval_guidance``. Returns {"steps", "wall_s", "train_s", "params",
     "text_params", "loss", "eval": {"cfg1.0": {...}, ...}} and writes it to
     ``out_dir/pretrain_metrics.json``.
+
+    ``device`` (e.g. "cuda") is where training runs; data are drawn on the CPU and the
+    model is saved and evaluated on the CPU either way. ``max_minutes`` stops training
+    early (the schedule is still laid out over ``steps``; the steps actually taken are
+    recorded as "steps_done").
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -170,6 +177,8 @@ def pretrain_flow(
             eval_steps=eval_steps,
             eval_guidance=eval_guidance,
             t_dist=t_dist,
+            device=device,
+            max_minutes=max_minutes,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -195,6 +204,8 @@ def _train(
     eval_steps,
     eval_guidance,
     t_dist,
+    device,
+    max_minutes,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -211,6 +222,8 @@ def _train(
         attention_head_dim=attention_head_dim,
     )
     policy = FlowPolicy.load(out)
+    policy.transformer.to(device)
+    policy.text_encoder.to(device)
     policy.text_encoder.train().requires_grad_(True)
     policy.transformer.train()
     params = [*policy.transformer.parameters(), *policy.text_encoder.parameters()]
@@ -229,12 +242,16 @@ def _train(
     n_text = sum(p.numel() for p in policy.text_encoder.parameters())
     print(
         f"pretrain {kind}: transformer {n_params:,} params, text encoder {n_text:,}, "
-        f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s)",
+        f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}",
         flush=True,
     )
     recent: list[float] = []
     t_train = time.time()
+    done = 0
     for step in range(steps):
+        if max_minutes is not None and time.time() - t_train > 60 * max_minutes:
+            print(f"stopping at step {step}: max_minutes {max_minutes} reached", flush=True)
+            break
         batch = _batch(kind, batch_size, policy.image_size, num_frames, rng)
         loss = policy.sft_loss(batch, t_dist=t_dist, generator=gen)
         opt.zero_grad(set_to_none=True)
@@ -244,6 +261,7 @@ def _train(
         sched.step()
         recent.append(float(loss.detach()))
         recent = recent[-log_every:]
+        done = step + 1
         if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
             print(
                 f"step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
@@ -253,6 +271,8 @@ def _train(
     train_s = time.time() - t_train
     policy.text_encoder.eval().requires_grad_(False)
     policy.transformer.eval()
+    policy.transformer.to("cpu")
+    policy.text_encoder.to("cpu")
     policy.save(str(out))
     evals = {}
     for g in eval_guidance:
@@ -263,6 +283,8 @@ def _train(
     metrics = {
         "kind": kind,
         "steps": steps,
+        "steps_done": done,
+        "device": str(device),
         "batch_size": batch_size,
         "params": n_params,
         "text_params": n_text,
@@ -290,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--patch-size", type=int, default=4)
     ap.add_argument("--num-layers", type=int, default=4)
     ap.add_argument("--eval-samples", type=int, default=64)
+    ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
+    ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
+    ap.add_argument("--max-minutes", type=float, default=None, help="stop training early")
     a = ap.parse_args(argv)
     m = pretrain_flow(
         a.out_dir,
@@ -305,6 +330,9 @@ def main(argv: list[str] | None = None) -> None:
         patch_size=a.patch_size,
         num_layers=a.num_layers,
         eval_samples=a.eval_samples,
+        t_dist=a.t_dist,
+        device=a.device,
+        max_minutes=a.max_minutes,
     )
     print(json.dumps(m, indent=2))
 
