@@ -11,7 +11,9 @@ from mmyatt.config import ModelConfig, RewardConfig, RunConfig
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_policy(m: ModelConfig):
+def build_policy(m: ModelConfig, device: str | None = None):
+    """The policy adapter for ``m``, its weights on ``device`` (default: the CPU)."""
+    device = str(device or "cpu")
     if m.path is None:
         raise ValueError("model.path is unset: prepare_run() builds the tiny model first")
     if m.kind == "text":
@@ -23,6 +25,7 @@ def build_policy(m: ModelConfig):
             max_prompt_tokens=m.max_prompt_tokens,
             prompt_overflow=m.prompt_overflow,
             use_chat_template=m.use_chat_template,
+            device=device,
         )
     if m.kind == "vlm":
         from mmyatt.models.vlm import VLMPolicy
@@ -33,6 +36,7 @@ def build_policy(m: ModelConfig):
             max_prompt_tokens=m.max_prompt_tokens,
             video_fps=m.video_fps,
             video_max_frames=m.video_max_frames,
+            device=device,
         )
     if m.kind == "flow":
         from mmyatt.models.flow import FlowPolicy
@@ -43,7 +47,10 @@ def build_policy(m: ModelConfig):
             if m.lora.target_modules:
                 lora["target_modules"] = list(m.lora.target_modules)
             kw["lora"] = lora
-        return FlowPolicy.load(m.path, **kw)
+        policy = FlowPolicy.load(m.path, **kw)
+        policy.transformer.to(device)
+        policy.text_encoder.to(device)
+        return policy
     raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
 
 

@@ -231,18 +231,19 @@ class Controller:
         num = None
         if mb is not None and len(mb):
             lp, ent = self.policy.logprobs(mb, with_entropy=True)
-            mask = mb.mask
+            dev = lp.device  # rewards and advantages live on the CPU; the policy may not
+            mask = mb.mask.to(dev)
             loss_mat, m = alg.ppo_clip_loss(
                 lp,
-                mb.logprobs,
-                mb.advantages,
+                mb.logprobs.to(dev),
+                mb.advantages.to(dev),
                 mask,
                 clip_low=a.clip_low,
                 clip_high=a.clip_high,
                 dual_clip=a.dual_clip,
             )
             if a.kl_coef > 0:
-                kl = alg.kl_penalty(lp, mb.ref_logprobs, a.kl_estimator)
+                kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
                 loss_mat = loss_mat + a.kl_coef * torch.where(mask.bool(), kl, 0.0)
                 local["kl"] = float(alg.masked_mean(kl.detach(), mask)) * float(mask.sum())
             if a.entropy_coef:

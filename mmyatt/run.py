@@ -193,7 +193,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
             cfg,
             rd,
             dist,
-            policy=builders.build_policy(cfg.model),
+            policy=builders.build_policy(cfg.model, dist.device),
             reward=builders.build_reward(cfg.reward),
             shard=builders.build_shard(cfg, dist.rank, dist.world_size),
             eval_records=builders.eval_records(cfg, dist.rank, dist.world_size),

@@ -38,7 +38,8 @@ def mmyatt(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (tmp_path / "lenreward.py").write_text(
         "def reward(completion, record):\n    return len(completion) / 10.0\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "mmyatt", *args],
         capture_output=True,
