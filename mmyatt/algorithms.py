@@ -391,13 +391,41 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 _KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
+# Closed-form KL of Gaussian transitions with a shared std (flow models): computed by the
+# adapter from the policy's and the reference's transition means, not from log-probs.
+CLOSED_FORM_KL = ("closed_form", "closed_form_flowgrpo")
+
+
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
     """Per-action KL(pi || pi_ref) estimate, (N, A) -> (N, A), by estimator name."""
+    if estimator in CLOSED_FORM_KL:
+        raise ValueError(
+            f"KL estimator {estimator!r} is computed by the policy from transition means "
+            "(policy.logprobs_with_kl), not from log-probs"
+        )
     if estimator not in _KL_ESTIMATORS:
         raise ValueError(
             f"unknown KL estimator {estimator!r}; choose from {sorted(_KL_ESTIMATORS)}"
         )
     return _KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
+
+
+def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
+    """KL(N(mean, std^2 I) || N(ref_mean, std^2 I)) per row, averaged over elements.
+
+    For two Gaussians with the same std the KL is sum((mean - ref_mean)^2) / (2 std^2);
+    it is divided by the element count here, matching the per-element mean of the flow
+    log-probs (and Flow-GRPO's KL term). mean, ref_mean: (B, ...); std: (B,) or a float.
+    Rows with std == 0 get 0: deterministic steps (masked out anyway) and CPS's last step
+    into sigma = 0, whose exact KL is unbounded. Gradient flows through ``mean`` only.
+    """
+    if mean.shape != ref_mean.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} vs ref_mean {tuple(ref_mean.shape)}")
+    sq = (mean.float() - ref_mean.detach().float()).square()
+    sq = sq.reshape(sq.shape[0], -1).mean(dim=1)
+    std = torch.as_tensor(std, dtype=torch.float32, device=sq.device).expand(sq.shape[0])
+    var = std.square()
+    return torch.where(var > 0, sq / (2.0 * torch.where(var > 0, var, 1.0)), torch.zeros_like(sq))
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
