@@ -6,14 +6,29 @@ implements the Policy protocol: a rollout's actions are the denoising transition
 x_k -> x_{k+1} at the trained steps, each with the log-prob of the Gaussian SDE step of
 ``flow_sde``.
 
-The tiny built-in model works in PIXEL space (images scaled to [-1, 1], no VAE): on a
-CPU a 32x32x3 image with patch 2 is 256 tokens, as cheap as a real model's latent, and
-it removes an autoencoder that would have to be pretrained too. A real checkpoint would
-use the same sampler on latents with a VAE decode before ``tensor_to_images`` (not
-done here: no VAE component is loaded).
+Two kinds of directory load with ``FlowPolicy.load``:
 
-Text conditioning is a ``transformers.CLIPTextModelWithProjection`` built from a small
-``CLIPTextConfig`` with a word-level tokenizer made in code (``tokenizers`` WordLevel
+* Our tiny built-ins (``build_tiny_flow_model``; model_index class ``MMYattFlowPipeline``)
+  work in PIXEL space (images scaled to [-1, 1], no VAE): on a CPU a 32x32x3 image with
+  patch 2 is 256 tokens, as cheap as a real model's latent, and it removes an
+  autoencoder that would have to be pretrained too.
+* Standard diffusers pipeline folders (``DiffusionPipeline.save_pretrained`` layout) of
+  ``StableDiffusion3Pipeline`` (CLIP-L + CLIP-G, optional T5, ``AutoencoderKL``),
+  ``FluxPipeline`` (CLIP + T5, ``AutoencoderKL``, 2x2 latent packing, embedded guidance
+  for guidance-distilled models) and ``WanPipeline`` (Wan 2.1: UMT5, ``AutoencoderKLWan``)
+  work in LATENT space: the initial noise has the latent shape, the actions and
+  log-probs are latent transitions, the final latents are VAE-decoded (with the VAE's
+  scaling/shift or Wan's latents_mean/std) into images or frames, ``sft_loss`` encodes
+  its targets with the VAE. Prompt encoding and sigmas (the scheduler config's
+  ``shift``, or ``use_dynamic_shifting`` with the pipeline's resolution-dependent mu)
+  follow each pipeline, so a greedy rollout reproduces the diffusers pipeline's own
+  Euler/ODE output (tested). Details and the unsupported cases (Wan 2.2 two-expert
+  folders, other pipeline classes: NotImplementedError) are in ``flow_pipeline``.
+  Square outputs only (``image_size``); ``save`` writes the same diffusers layout back
+  (plus an ``_mmyatt`` block with the geometry, which diffusers ignores).
+
+Text conditioning of the built-ins is a ``transformers.CLIPTextModelWithProjection``
+built from a small ``CLIPTextConfig`` with a word-level tokenizer made in code (``tokenizers`` WordLevel
 over the caption vocabulary, saved as a ``PreTrainedTokenizerFast``). CLIP gives both
 what SD3/Flux need: per-token states (B, L, D) for joint attention and a pooled
 projection (B, Dp) for the timestep modulation; Wan uses the per-token states only.
@@ -86,6 +101,7 @@ _TRANSFORMERS = {
 }
 _KINDS = {"sd3-image": "sd3", "flux-image": "flux", "wan-video": "wan"}
 _COMPONENTS = ("transformer", "scheduler", "text_encoder", "tokenizer")
+_OWN_PIPELINE = "MMYattFlowPipeline"  # the tiny built-ins' model_index class
 
 
 # --------------------------------------------------------------------------------------
@@ -279,7 +295,7 @@ def _write_model_index(out: Path, transformer, text_encoder, geometry: dict) -> 
     index = {
         # No diffusers pipeline takes one CLIP encoder and no VAE, so the pipeline class
         # is ours; every component folder still loads with its own from_pretrained.
-        "_class_name": "MMYattFlowPipeline",
+        "_class_name": _OWN_PIPELINE,
         "_diffusers_version": diffusers.__version__,
         "transformer": ["diffusers", type(transformer).__name__],
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -332,6 +348,11 @@ class FlowPolicy:
         cfg_uncond_prompt: str = "",
         forward_batch: int | None = 8,
         max_length: int | None = None,
+        prompt_encoder: nn.Module | None = None,
+        vae: nn.Module | None = None,
+        scheduler_config: dict | None = None,
+        embedded_guidance: float = 3.5,
+        pipeline: dict | None = None,
     ):
         name = type(transformer).__name__
         if name not in _TRANSFORMERS:
@@ -348,15 +369,29 @@ class FlowPolicy:
         if (self.family == "wan") != (num_frames is not None):
             raise ValueError("num_frames is required for WanTransformer3DModel and only for it")
         self.transformer = transformer
-        self.text_encoder = text_encoder.eval().requires_grad_(False)
+        if prompt_encoder is None and (text_encoder is None or tokenizer is None):
+            raise ValueError("FlowPolicy needs text_encoder and tokenizer, or a prompt_encoder")
+        self.text_encoder = (
+            None if text_encoder is None else text_encoder.eval().requires_grad_(False)
+        )
         self.tokenizer = tokenizer
+        self.prompt_encoder = (
+            None if prompt_encoder is None else prompt_encoder.eval().requires_grad_(False)
+        )
+        self.vae = vae  # latent codec (flow_pipeline.ImageVAE / VideoVAE) or None: pixels
+        self.scheduler_config = scheduler_config  # a real pipeline's scheduler (its sigmas)
+        self.embedded_guidance = float(embedded_guidance)
+        self._pipeline = pipeline  # {"index": model_index, "components": {...}} when loaded
         self.shift = float(scheduler_shift)
         self.image_size, self.channels, self.num_frames = image_size, channels, num_frames
         self.patch_size = patch_size
         self.reference = reference
         self.cfg_uncond_prompt = cfg_uncond_prompt
         self.forward_batch = forward_batch
-        self.max_length = int(max_length or tokenizer.model_max_length)
+        self.max_length = (
+            int(max_length or tokenizer.model_max_length) if tokenizer is not None else max_length
+        )
+        self._t_scale = float((scheduler_config or {}).get("num_train_timesteps", 1000))
         self.lora = None
         self._ref_model: nn.Module | None = None
         self._ema: dict[str, Tensor] | None = None
@@ -409,6 +444,16 @@ class FlowPolicy:
         if not index_file.is_file():
             raise FileNotFoundError(f"{root}: missing component model_index.json")
         index = json.loads(index_file.read_text())
+        from mmyatt.models.flow_pipeline import PIPELINE_FAMILIES
+
+        cls_name = index.get("_class_name")
+        if cls_name in PIPELINE_FAMILIES:
+            return cls._load_pipeline(root, index, **kwargs)
+        if cls_name not in (None, _OWN_PIPELINE):
+            raise NotImplementedError(
+                f"{index_file}: pipeline class {cls_name!r} is not supported by FlowPolicy yet "
+                f"(issue #3); supported: {sorted(PIPELINE_FAMILIES)} and {_OWN_PIPELINE}"
+            )
         for comp in _COMPONENTS:
             if comp not in index:
                 raise FileNotFoundError(f"{index_file} names no '{comp}' component")
@@ -433,33 +478,108 @@ class FlowPolicy:
         }
         opts.update(kwargs)
         lora_file = root / LORA_WEIGHT_NAME
-        state = None
-        if lora_file.is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(lora_file), framework="pt") as f:
-                meta = json.loads((f.metadata() or {}).get(LORA_METADATA_KEY, "{}"))
-                state = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
-            if not meta:
-                raise ValueError(
-                    f"{lora_file}: no '{LORA_METADATA_KEY}' metadata (r, alpha, targets)"
-                )
-            opts["lora"] = {
-                "r": meta["r"],
-                "alpha": meta["lora_alpha"],
-                "target_modules": sorted(meta["target_modules"]),
-                "init": meta.get("init_lora_weights", "gaussian"),
-                "dropout": meta.get("lora_dropout", 0.0),
-            }
+        lora_opts, state = cls._read_lora(root)
+        if lora_opts is not None:
+            opts["lora"] = lora_opts
         shift = opts.pop("scheduler_shift", sched.get("shift", 3.0))
         policy = cls(transformer, text_encoder, tokenizer, shift, **opts)
-        if state is not None:
-            from peft.utils import set_peft_model_state_dict
+        policy._load_lora_state(lora_file, state)
+        return policy
 
-            res = set_peft_model_state_dict(policy.transformer, state, adapter_name="default")
-            bad = [k for k in res.unexpected_keys if ".lora_" in k]
-            if bad:
-                raise ValueError(f"{lora_file}: keys that match no LoRA layer: {bad[:5]}")
+    @staticmethod
+    def _read_lora(root: Path) -> tuple[dict | None, dict | None]:
+        """(LoRA options, state dict without the "transformer." prefix) of a saved adapter."""
+        lora_file = root / LORA_WEIGHT_NAME
+        if not lora_file.is_file():
+            return None, None
+        from safetensors import safe_open
+
+        with safe_open(str(lora_file), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get(LORA_METADATA_KEY, "{}"))
+            state = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
+        if not meta:
+            raise ValueError(f"{lora_file}: no '{LORA_METADATA_KEY}' metadata (r, alpha, targets)")
+        opts = {
+            "r": meta["r"],
+            "alpha": meta["lora_alpha"],
+            "target_modules": sorted(meta["target_modules"]),
+            "init": meta.get("init_lora_weights", "gaussian"),
+            "dropout": meta.get("lora_dropout", 0.0),
+        }
+        return opts, state
+
+    def _load_lora_state(self, lora_file: Path, state: dict | None) -> None:
+        if state is None:
+            return
+        from peft.utils import set_peft_model_state_dict
+
+        res = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
+        bad = [k for k in res.unexpected_keys if ".lora_" in k]
+        if bad:
+            raise ValueError(f"{lora_file}: keys that match no LoRA layer: {bad[:5]}")
+
+    @classmethod
+    def _load_pipeline(cls, root: Path, index: dict, **kwargs) -> FlowPolicy:
+        """A standard diffusers pipeline folder (see ``flow_pipeline``): latent space.
+
+        Extra kwargs: ``dtype`` (torch dtype of every component, default float32),
+        ``image_size`` (square output side in pixels; default the transformer's
+        sample_size times the VAE factor, or 1024 for Flux / 480 for Wan),
+        ``num_frames`` (Wan, pixel frames, default 81), ``max_sequence_length`` (T5 /
+        UMT5 tokens; default the pipeline's: 256 SD3, 512 Flux and Wan),
+        ``embedded_guidance`` (Flux guidance-distilled models), and the constructor's
+        options (lora, reference, cfg_uncond_prompt, forward_batch).
+        """
+        from mmyatt.models.flow_pipeline import (
+            build_codec,
+            build_prompt_encoder,
+            load_pipeline_components,
+        )
+
+        dtype = kwargs.pop("dtype", torch.float32)
+        saved = {k: v for k, v in index.get("_mmyatt", {}).items() if v is not None}
+        kwargs = {**saved, **kwargs}  # what save() recorded, unless overridden
+        max_seq = kwargs.pop("max_sequence_length", None)
+        family, comps = load_pipeline_components(root, index, dtype)
+        transformer = comps["transformer"]
+        t_cls = type(transformer).__name__
+        if _TRANSFORMERS.get(t_cls) != family:
+            raise ValueError(f"{root}: transformer {t_cls} does not fit {index['_class_name']}")
+        vae = build_codec(comps["vae"])
+        encoder = build_prompt_encoder(family, comps, transformer, max_seq)
+        sched_cfg = dict(comps["scheduler"].config)
+        sched_cfg["_class_name"] = type(comps["scheduler"]).__name__
+        in_ch = int(transformer.config.in_channels)
+        opts: dict[str, Any] = {"patch_size": 2, "channels": in_ch, "num_frames": None}
+        if family == "sd3":
+            opts["image_size"] = int(transformer.config.sample_size) * vae.spatial
+        elif family == "flux":
+            opts.update(image_size=1024, channels=in_ch // 4)  # 2x2 packing outside the model
+        else:
+            opts.update(image_size=480, num_frames=81)
+        if opts["channels"] != vae.latent_channels:
+            raise ValueError(
+                f"{root}: transformer expects {opts['channels']} latent channels, the VAE "
+                f"gives {vae.latent_channels}"
+            )
+        opts.update(kwargs)
+        lora_opts, state = cls._read_lora(root)
+        if lora_opts is not None:  # a saved adapter wins over lora= (as for the built-ins)
+            opts["lora"] = lora_opts
+        if opts.pop("scheduler_shift", None) is not None:
+            raise ValueError("scheduler_shift: a pipeline's sigmas come from its scheduler config")
+        policy = cls(
+            transformer,
+            None,
+            None,
+            float(sched_cfg.get("shift", sched_cfg.get("flow_shift", 1.0))),
+            prompt_encoder=encoder,
+            vae=vae,
+            scheduler_config=sched_cfg,
+            pipeline={"index": index, "components": comps, "max_sequence_length": max_seq},
+            **opts,
+        )
+        policy._load_lora_state(root / LORA_WEIGHT_NAME, state)
         return policy
 
     # ---- protocol ---------------------------------------------------------------------
@@ -472,14 +592,47 @@ class FlowPolicy:
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
-        s = self.image_size
+        """Shape of one sample x_k: pixels (tiny built-ins) or VAE latents (pipelines)."""
+        s, f = self.image_size, self.num_frames
+        if self.vae is not None:
+            s = s // self.vae.spatial
+            if self.family == "flux":  # Flux packs 2x2 latent patches: even latent sizes
+                s = 2 * (self.image_size // (self.vae.spatial * 2))
+            if f is not None:
+                f = (f - 1) // self.vae.temporal + 1
         if self.family == "wan":
-            return (self.channels, self.num_frames, s, s)
+            return (self.channels, f, s, s)
         return (self.channels, s, s)
+
+    def _image_seq_len(self) -> int:
+        """Image tokens the transformer sees (for resolution-dependent sigma shifts)."""
+        shape = self.sample_shape
+        if self.family == "flux":
+            return (shape[-2] // self.patch_size) * (shape[-1] // self.patch_size)
+        p = self.transformer.config.patch_size
+        p = p[-1] if isinstance(p, list | tuple) else p
+        return (shape[-2] // p) * (shape[-1] // p)
+
+    def _sigmas(self, steps: int) -> Tensor:
+        if self.scheduler_config is None:
+            return flow_sigmas(steps, self.shift)
+        from mmyatt.models.flow_pipeline import pipeline_sigmas
+
+        return pipeline_sigmas(self.scheduler_config, self.family, steps, self._image_seq_len())
+
+    def to_pixels(self, x: Tensor) -> Tensor:
+        """Final samples -> pixels in [-1, 1] (VAE decode in chunks of forward_batch rows)."""
+        if self.vae is None:
+            return x
+        chunk = self.forward_batch or max(1, x.shape[0])
+        with torch.no_grad():
+            return torch.cat([self.vae.decode(x[i : i + chunk]) for i in range(0, len(x), chunk)])
 
     def encode_prompts(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         """(B, L, D) token states and (B, Dp) pooled projections, fp32. Gradients flow
         only if the text encoder's weights require them (pretraining)."""
+        if self.prompt_encoder is not None:
+            return self.prompt_encoder(list(prompts), self.device)
         tok = self.tokenizer(
             list(prompts),
             padding="max_length",
@@ -501,18 +654,20 @@ class FlowPolicy:
         self, model: nn.Module, x: Tensor, sigma: Tensor, cond: Tensor, pooled: Tensor
     ) -> Tensor:
         """Raw velocity for rows x (R, ...), sigma (R,), cond (R, L, D), pooled (R, Dp)."""
+        dt = model.dtype
+        x, cond, pooled = x.to(dt), cond.to(dt), pooled.to(dt)
         if self.family == "sd3":
             return model(
                 hidden_states=x,
                 encoder_hidden_states=cond,
                 pooled_projections=pooled,
-                timestep=sigma * 1000.0,  # diffusers SD3 takes scheduler timesteps
+                timestep=sigma * self._t_scale,  # diffusers SD3 takes scheduler timesteps
                 return_dict=False,
             )[0]
         if self.family == "wan":
             return model(
                 hidden_states=x,
-                timestep=sigma * 1000.0,
+                timestep=sigma * self._t_scale,
                 encoder_hidden_states=cond,
                 return_dict=False,
             )[0]
@@ -526,13 +681,17 @@ class FlowPolicy:
         img_ids[..., 1] = torch.arange(hh, device=x.device)[:, None]
         img_ids[..., 2] = torch.arange(ww, device=x.device)[None, :]
         txt_ids = torch.zeros(cond.shape[1], 3, device=x.device)
+        guidance = None
+        if model.config.get("guidance_embeds", False):  # guidance-distilled (FLUX.1-dev)
+            guidance = torch.full((b,), self.embedded_guidance, device=x.device)
         out = model(
             hidden_states=tokens,
             encoder_hidden_states=cond,
             pooled_projections=pooled,
-            timestep=sigma,  # Flux scales by 1000 inside
+            timestep=sigma.to(x.dtype),  # Flux scales by 1000 inside
             img_ids=img_ids.reshape(-1, 3),
             txt_ids=txt_ids,
+            guidance=guidance,
             return_dict=False,
         )[0]
         return out.reshape(b, hh, ww, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
@@ -601,7 +760,7 @@ class FlowPolicy:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         steps = int(sampling.denoise_steps)
-        sigmas = flow_sigmas(steps, self.shift).to(self.device)
+        sigmas = self._sigmas(steps).to(self.device)
         sde_set, train = _plan_steps(sampling, steps)
         step_fn = _step_fn(sampling.sde_type)
         a = 0.0 if sampling.greedy else float(sampling.noise_level)
@@ -683,17 +842,19 @@ class FlowPolicy:
             # in eval) has no density: it is recorded but not an action
             mask=(level_t > 0).float(),
             context=context,
-            outputs=tensor_to_images(x),
+            outputs=tensor_to_images(self.to_pixels(x)),
             records=records,
             truncated=torch.zeros(n, dtype=torch.bool),
         )
 
-    def _transition_logprobs(self, model: nn.Module, rollout: Rollout) -> tuple[Tensor, Tensor]:
+    def _transitions(self, model: nn.Module, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+        """(log-probs (N, A), std (N, A), means (N, A, ...)) of the rollout's transitions
+        under ``model``, with the sampler's fp32 math and per-row numerics."""
         ctx = rollout.context
         n, a = rollout.logprobs.shape
         if n * a == 0:
             z = torch.zeros(n, a, device=self.device)
-            return z, z
+            return z, z, torch.zeros(rollout.actions.shape, device=self.device)
 
         def per_action(t: Tensor) -> Tensor:  # (N, ...) -> (N*A, ...)
             return t.repeat_interleave(a, 0)
@@ -708,7 +869,7 @@ class FlowPolicy:
             per_action(ctx["uncond_pooled"]),
             per_action(ctx["guidance_scale"]),
         )
-        _, lp, _, std = _step_fn(ctx["sde_type"])(
+        _, lp, mu, std = _step_fn(ctx["sde_type"])(
             ctx["x"].flatten(0, 1),
             v,
             ctx["sigma"].reshape(-1),
@@ -716,7 +877,19 @@ class FlowPolicy:
             ctx["noise_level"].reshape(-1),
             prev_sample=rollout.actions.flatten(0, 1),
         )
-        return lp.reshape(n, a), std.reshape(n, a)
+        return lp.reshape(n, a), std.reshape(n, a), mu.reshape(rollout.actions.shape)
+
+    def _transition_logprobs(self, model: nn.Module, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        lp, std, _ = self._transitions(model, rollout)
+        return lp, std
+
+    @staticmethod
+    def _entropy(std: Tensor) -> Tensor:
+        return torch.where(
+            std > 0,
+            torch.log(std.clamp_min(1e-30)) + 0.5 * (1.0 + math.log(2.0 * math.pi)),
+            torch.zeros_like(std),
+        )
 
     def logprobs(
         self, rollout: Rollout, with_entropy: bool = False
@@ -732,12 +905,7 @@ class FlowPolicy:
         lp, std = self._transition_logprobs(self.transformer, rollout)
         if not with_entropy:
             return lp
-        ent = torch.where(
-            std > 0,
-            torch.log(std.clamp_min(1e-30)) + 0.5 * (1.0 + math.log(2.0 * math.pi)),
-            torch.zeros_like(std),
-        )
-        return lp, ent
+        return lp, self._entropy(std)
 
     # ---- reference policy ---------------------------------------------------------------
     def enable_reference(self) -> None:
@@ -749,18 +917,54 @@ class FlowPolicy:
             return
         self._ref_model = copy.deepcopy(self.transformer).eval().requires_grad_(False)
 
-    def reference_logprobs(self, rollout: Rollout) -> Tensor:
-        """(N, A) log pi_ref of the rollout's transitions, no grad."""
+    def _reference_transitions(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
         with torch.no_grad():
             if self._ref_model is not None:
-                return self._transition_logprobs(self._ref_model, rollout)[0]
+                return self._transitions(self._ref_model, rollout)
             if self.reference == "lora_disabled" and self.lora is not None:
                 self.transformer.disable_adapters()
                 try:
-                    return self._transition_logprobs(self.transformer, rollout)[0]
+                    return self._transitions(self.transformer, rollout)
                 finally:
                     self.transformer.enable_adapters()
         raise RuntimeError("no reference policy: call enable_reference() first")
+
+    def reference_logprobs(self, rollout: Rollout) -> Tensor:
+        """(N, A) log pi_ref of the rollout's transitions, no grad."""
+        return self._reference_transitions(rollout)[0]
+
+    def attach_reference_means(self, rollout: Rollout) -> Rollout:
+        """Store the reference policy's transition means (N, A, ...) in the rollout's
+        context ("ref_mean", fp32, no grad) for the closed-form KL of
+        ``logprobs_with_kl``; returns the same rollout."""
+        rollout.context["ref_mean"] = self._reference_transitions(rollout)[2].detach()
+        return rollout
+
+    def logprobs_with_kl(self, rollout: Rollout, estimator: str = "closed_form"):
+        """(log-probs, entropy, KL) each (N, A): ``logprobs(with_entropy=True)`` plus the
+        closed-form KL(pi || pi_ref) of every transition from one forward pass.
+
+        Policy and reference steps are Gaussians with the same std (it depends only on the
+        schedule), so KL = mean over elements of (mu - mu_ref)^2 / (2 var):
+        ``"closed_form"`` uses the step's variance (std^2 = s^2 |Delta| for the SDE step,
+        s^2 for CPS), the exact per-element KL; ``"closed_form_flowgrpo"`` divides by
+        s^2 without the step length |Delta|, as flow_grpo's loss does (so its beta values
+        carry over); for CPS both are the same. Needs ``attach_reference_means`` first.
+        """
+        from mmyatt.algorithms import CLOSED_FORM_KL, kl_closed_form
+
+        if estimator not in CLOSED_FORM_KL:
+            raise ValueError(f"estimator must be one of {CLOSED_FORM_KL}, got {estimator!r}")
+        ctx = rollout.context
+        if "ref_mean" not in ctx:
+            raise RuntimeError("no reference means: call attach_reference_means(rollout) first")
+        lp, std, mu = self._transitions(self.transformer, rollout)
+        kl_std = std
+        if estimator == "closed_form_flowgrpo" and ctx["sde_type"] == "sde":
+            step = (ctx["sigma"] - ctx["sigma_next"]).clamp_min(0.0).sqrt()  # sqrt|Delta|
+            kl_std = torch.where(step > 0, std / step.clamp_min(1e-30), std)
+        kl = kl_closed_form(mu.flatten(0, 1), ctx["ref_mean"].flatten(0, 1), kl_std.reshape(-1))
+        return lp, self._entropy(std), kl.reshape(lp.shape)
 
     # ---- EMA ------------------------------------------------------------------------------
     def _trainable(self) -> dict[str, nn.Parameter]:
@@ -836,10 +1040,14 @@ class FlowPolicy:
             self.transformer.save_pretrained(out / "transformer")
         else:
             base = type(self.transformer).from_config(self.transformer.config)
+            base.to(self.transformer.dtype)
             base.load_state_dict(self._base_state_dict(merged), strict=True)
             base.save_pretrained(out / "transformer")
             if not merged:
                 self._save_lora(out / LORA_WEIGHT_NAME)
+        if self._pipeline is not None:
+            self._save_pipeline_components(out)
+            return
         self.text_encoder.save_pretrained(out / "text_encoder")
         self.tokenizer.save_pretrained(out / "tokenizer")
         FlowMatchEulerDiscreteScheduler(shift=self.shift).save_pretrained(out / "scheduler")
@@ -853,6 +1061,25 @@ class FlowPolicy:
             "max_length": self.max_length,
         }
         _write_model_index(out, self.transformer, self.text_encoder, geometry)
+
+    def _save_pipeline_components(self, out: Path) -> None:
+        """The loaded pipeline's other components and its model_index.json, so the folder
+        loads again here and in diffusers' ``DiffusionPipeline.from_pretrained``."""
+        from mmyatt.models.flow_pipeline import write_model_index
+
+        comps = self._pipeline["components"]
+        for name, obj in comps.items():
+            if name != "transformer" and obj is not None:
+                obj.save_pretrained(out / name)
+        index = dict(self._pipeline["index"])
+        # our geometry and prompt length, read back by load (diffusers ignores "_" keys)
+        index["_mmyatt"] = {
+            "image_size": self.image_size,
+            "num_frames": self.num_frames,
+            "max_sequence_length": self._pipeline["max_sequence_length"],
+            "embedded_guidance": self.embedded_guidance,
+        }
+        write_model_index(out, index, comps)
 
     def _save_lora(self, file: Path) -> None:
         from peft.utils import get_peft_model_state_dict
@@ -891,6 +1118,14 @@ class FlowPolicy:
             raise ValueError(f"sft_loss: records {missing[:5]} have no {key!r} target")
         dev = self.device
         x0 = images_to_tensor([r[key] for r in records], self.image_size).to(dev)
+        if self.vae is not None:  # latent flow matching: targets are VAE latents
+            with torch.no_grad():
+                x0 = self.vae.encode(x0, generator=generator)
+            if tuple(x0.shape[1:]) != self.sample_shape:
+                raise ValueError(
+                    f"sft_loss: targets encode to latents {tuple(x0.shape[1:])}, the sampler "
+                    f"uses {self.sample_shape}; check image_size / num_frames"
+                )
         b = x0.shape[0]
         drop = torch.rand(b, generator=generator) < cond_dropout
         captions = [
