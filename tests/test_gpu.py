@@ -10,6 +10,7 @@ adapter and the check.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import test_flow_policy as flow_tests
@@ -22,31 +23,57 @@ from test_recipes import RECIPES, SMALL
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 
+# MMYATT_TEST_DEVICE=cpu runs the same wiring on the CPU (a dry run of this file)
+DEV = os.environ.get("MMYATT_TEST_DEVICE", "cuda")
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device"
+    ),
 ]
 
 
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return text_tests.build_tiny_text_model(
+        tmp_path_factory.mktemp("tiny"), size="qwen2-0.1m", corpus=text_tests.CORPUS
+    )
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    return vlm_tests.build_tiny_vlm(
+        tmp_path_factory.mktemp("tiny_vlm"), arch="qwen2-vl", corpus=vlm_tests.CORPUS
+    )
+
+
 class TestTextPolicyOnCUDA(text_tests.TestTextPolicyContract):
+    @pytest.fixture(autouse=True)
+    def _model_dir(self, text_dir):
+        self.model_dir = text_dir
+
     def make_policy(self):
-        return TextPolicy.load(self.model_dir, max_prompt_tokens=32, device="cuda")
+        return TextPolicy.load(self.model_dir, max_prompt_tokens=32, device=DEV)
 
     def load_policy(self, path):
-        return TextPolicy.load(path, max_prompt_tokens=32, device="cuda")
+        return TextPolicy.load(path, max_prompt_tokens=32, device=DEV)
 
 
 class TestVLMPolicyOnCUDA(vlm_tests.TestVLMPolicyContract):
+    @pytest.fixture(autouse=True)
+    def _model_dir(self, vlm_dir):
+        self.model_dir = vlm_dir
+
     def make_policy(self):
-        return VLMPolicy.load(self.model_dir, max_prompt_tokens=48, device="cuda")
+        return VLMPolicy.load(self.model_dir, max_prompt_tokens=48, device=DEV)
 
     def load_policy(self, path):
-        return VLMPolicy.load(path, max_prompt_tokens=48, device="cuda")
+        return VLMPolicy.load(path, max_prompt_tokens=48, device=DEV)
 
 
 def _flow_to_cuda(policy):
-    policy.transformer.to("cuda")
-    policy.text_encoder.to("cuda")
+    policy.transformer.to(DEV)
+    policy.text_encoder.to(DEV)
     return policy
 
 
@@ -60,12 +87,12 @@ class TestFlowPolicyOnCUDA(flow_tests.TestFlowPolicyContract):
 
 def test_policies_really_on_cuda(tmp_path):
     p = _flow_to_cuda(flow_tests._policy())
-    assert p.device.type == "cuda"
+    assert p.device.type == DEV
     r = p.generate(
         [dict(x) for x in flow_tests.PROMPTS], 2, flow_tests.Sampling(denoise_steps=3), [1, 2]
     )
     lp = p.logprobs(r)
-    assert lp.device.type == "cuda"
+    assert lp.device.type == DEV
     torch.testing.assert_close(lp, r.logprobs.to(lp.device), atol=1e-4, rtol=0)
 
 
@@ -83,7 +110,10 @@ def test_train_on_cuda(tmp_path, recipe):
         str(run),
     )
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "train/loss" in r]
-    assert len(steps) == 3
-    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in steps)
+    assert len([r for r in rows if "reward/generated_mean" in r]) == 3
+    # a step whose groups all have equal rewards has nothing to train (no train/loss)
+    losses = [r["train/loss"] for r in rows if "train/loss" in r]
+    assert all(torch.isfinite(torch.tensor(x)) for x in losses)
+    if recipe.startswith("flow"):
+        assert losses
     assert (run / "checkpoints" / "final").exists()
