@@ -90,7 +90,10 @@ class AlgorithmConfig:
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
     ] = "token-mean"
     kl_coef: float = 0.0  # 0 skips the reference entirely
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    # k1/k2/k3: sample estimators on log-probs. Flow models only: closed_form (exact KL of
+    # the Gaussian SDE/CPS steps from policy and reference means) or closed_form_flowgrpo
+    # (the same divided by s^2 instead of s^2*|dt|, as flow_grpo's loss; its betas carry over)
+    kl_estimator: Literal["k1", "k2", "k3", "closed_form", "closed_form_flowgrpo"] = "k3"
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     minibatches: int = 1
@@ -360,6 +363,11 @@ def validate(cfg: RunConfig) -> None:
         (
             cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,
             "algorithm.dual_clip must be > 1 (or null)",
+        ),
+        (
+            cfg.model.kind == "flow" or not cfg.algorithm.kl_estimator.startswith("closed_form"),
+            f"algorithm.kl_estimator={cfg.algorithm.kl_estimator} needs a flow model (Gaussian "
+            f"denoising steps), not model.kind={cfg.model.kind}; use k1, k2 or k3",
         ),
         (cfg.sampling.temperature > 0, "sampling.temperature must be > 0"),
         (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),

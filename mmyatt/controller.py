@@ -66,7 +66,17 @@ class Controller:
         self.eval_outputs: list = []  # (output, prompt, reward) of the last eval on this rank
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
         if cfg.algorithm.kl_coef > 0:
+            if self._closed_form_kl and not hasattr(policy, "logprobs_with_kl"):
+                raise TypeError(
+                    f"algorithm.kl_estimator={cfg.algorithm.kl_estimator} needs a policy with "
+                    f"logprobs_with_kl (the flow adapter); {type(policy).__name__} has none"
+                )
             policy.enable_reference()
+
+    @property
+    def _closed_form_kl(self) -> bool:
+        a = self.cfg.algorithm
+        return a.kl_coef > 0 and a.kl_estimator in alg.CLOSED_FORM_KL
 
     # ------------------------------------------------------------------ the step
     def step(self) -> dict[str, float]:
@@ -193,7 +203,9 @@ class Controller:
         with torch.no_grad():
             if a.recompute_old_logprobs:
                 r.logprobs = self.policy.logprobs(r).detach()
-            if a.kl_coef > 0:
+            if self._closed_form_kl:  # the reference's transition means, into the context
+                r = self.policy.attach_reference_means(r)
+            elif a.kl_coef > 0:
                 r.ref_logprobs = self.policy.reference_logprobs(r).detach()
         if a.overlong == "filter" and r.truncated is not None:
             r.mask = alg.overlong_filter_mask(r.mask, r.truncated)
@@ -230,7 +242,10 @@ class Controller:
         )
         num = None
         if mb is not None and len(mb):
-            lp, ent = self.policy.logprobs(mb, with_entropy=True)
+            if self._closed_form_kl:
+                lp, ent, kl = self.policy.logprobs_with_kl(mb, a.kl_estimator)
+            else:
+                lp, ent = self.policy.logprobs(mb, with_entropy=True)
             dev = lp.device  # rewards and advantages live on the CPU; the policy may not
             mask = mb.mask.to(dev)
             loss_mat, m = alg.ppo_clip_loss(
@@ -243,7 +258,8 @@ class Controller:
                 dual_clip=a.dual_clip,
             )
             if a.kl_coef > 0:
-                kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
+                if not self._closed_form_kl:
+                    kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
                 loss_mat = loss_mat + a.kl_coef * torch.where(mask.bool(), kl, 0.0)
                 local["kl"] = float(alg.masked_mean(kl.detach(), mask)) * float(mask.sum())
             if a.entropy_coef:
