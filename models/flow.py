@@ -378,6 +378,8 @@ class FlowPolicy:
         self.prompt_encoder = (
             None if prompt_encoder is None else prompt_encoder.eval().requires_grad_(False)
         )
+        if self.text_encoder is None:  # pipelines: all text encoders as one module
+            self.text_encoder = self.prompt_encoder
         self.vae = vae  # latent codec (flow_pipeline.ImageVAE / VideoVAE) or None: pixels
         self.scheduler_config = scheduler_config  # a real pipeline's scheduler (its sigmas)
         self.embedded_guidance = float(embedded_guidance)
@@ -586,6 +588,20 @@ class FlowPolicy:
     def module(self) -> nn.Module:
         return self.transformer
 
+    def to(self, device: str | torch.device) -> FlowPolicy:
+        """Move every module (transformer, text encoders, VAE, frozen reference) to device."""
+        for m in (self.transformer, self.text_encoder, self.vae, self._ref_model):
+            if m is not None:
+                m.to(device)
+        return self
+
+    def _follow(self, module: nn.Module) -> nn.Module:
+        """A frozen helper module on the transformer's device (moved on first use)."""
+        p = next(module.parameters(), None)
+        if p is not None and p.device != self.device:
+            module.to(self.device)
+        return module
+
     @property
     def device(self) -> torch.device:
         return next(self.transformer.parameters()).device
@@ -625,6 +641,7 @@ class FlowPolicy:
         if self.vae is None:
             return x
         chunk = self.forward_batch or max(1, x.shape[0])
+        self._follow(self.vae)
         with torch.no_grad():
             return torch.cat([self.vae.decode(x[i : i + chunk]) for i in range(0, len(x), chunk)])
 
@@ -632,7 +649,7 @@ class FlowPolicy:
         """(B, L, D) token states and (B, Dp) pooled projections, fp32. Gradients flow
         only if the text encoder's weights require them (pretraining)."""
         if self.prompt_encoder is not None:
-            return self.prompt_encoder(list(prompts), self.device)
+            return self._follow(self.prompt_encoder)(list(prompts), self.device)
         tok = self.tokenizer(
             list(prompts),
             padding="max_length",
@@ -1120,7 +1137,7 @@ class FlowPolicy:
         x0 = images_to_tensor([r[key] for r in records], self.image_size).to(dev)
         if self.vae is not None:  # latent flow matching: targets are VAE latents
             with torch.no_grad():
-                x0 = self.vae.encode(x0, generator=generator)
+                x0 = self._follow(self.vae).encode(x0, generator=generator)
             if tuple(x0.shape[1:]) != self.sample_shape:
                 raise ValueError(
                     f"sft_loss: targets encode to latents {tuple(x0.shape[1:])}, the sampler "
