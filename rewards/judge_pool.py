@@ -12,8 +12,16 @@ device may be ``"0,1"``). The API key reaches children through the
 ``MMYATT_GENRM_API_KEY`` environment variable, never the command line (which ``ps``
 shows). Children exit on their own when the process that started them dies.
 
+Restart on death: a watcher thread polls the children every ``watch_interval_s``; a
+child that exits while the pool is running (killed, crashed) is started again on the
+same port, so the URLs the controllers hold stay valid and their clients' retries find
+it back. Each server is restarted at most ``max_restarts`` times; after that it stays
+down and the clients' retry budget decides (they fail with an error naming the URL).
+``restarts`` counts the restarts per server; ``events`` lists them as text.
+
 ``JudgePool.external(urls)`` wraps servers started elsewhere (``vllm serve``,
-``mmyatt serve-genrm``): it only checks their health, and ``stop()`` leaves them be.
+``mmyatt serve-genrm``): it only checks their health, and ``stop()`` leaves them be
+(and never restarts them).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -72,12 +81,25 @@ class JudgePool:
         threads: int | None = None,
         log_dir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        max_restarts: int = 3,
+        watch_interval_s: float = 0.5,
     ):
         self.urls: list[str] = []
         self.processes: list[subprocess.Popen] = []
         self.log_paths: list[Path] = []
         self.external_urls = model_dir is None
         self._api_key = api_key
+        self.max_restarts = int(max_restarts)
+        self.restarts: list[int] = []
+        self.events: list[str] = []
+        self._given_up: set[int] = set()
+        self._commands: list[list[str]] = []
+        self._envs: list[dict] = []
+        self._stopping = threading.Event()
+        self._spawn_lock = threading.Lock()  # a restart and stop() never interleave
+        self._watcher: threading.Thread | None = None
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         if model_dir is None:
             return  # JudgePool.external
         if n < 1:
@@ -118,18 +140,73 @@ class JudgePool:
                     env[API_KEY_ENV] = api_key
                 if devices:
                     env["CUDA_VISIBLE_DEVICES"] = str(devices[i % len(devices)])
-                log_path = logs / f"judge{i}.log"
-                with open(log_path, "wb") as log:
-                    proc = subprocess.Popen(
-                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-                    )
-                self.processes.append(proc)
-                self.log_paths.append(log_path)
+                self._commands.append(cmd)
+                self._envs.append(env)
+                self.log_paths.append(logs / f"judge{i}.log")
+                self.processes.append(self._spawn(i, append=False))
                 port_files.append(port_file)
             self._wait_ready(port_files, startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+        self.restarts = [0] * n
+        self._watch_interval_s = float(watch_interval_s)
+        self._watcher = threading.Thread(target=self._watch, name="judge-pool-watch", daemon=True)
+        self._watcher.start()
+
+    def _spawn(self, i: int, *, append: bool) -> subprocess.Popen:
+        with open(self.log_paths[i], "ab" if append else "wb") as log:
+            return subprocess.Popen(
+                self._commands[i],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._envs[i],
+            )
+
+    def _watch(self) -> None:
+        """Restart children that exit while the pool runs (see the module docstring)."""
+        while not self._stopping.wait(self._watch_interval_s):
+            with self._spawn_lock:
+                if self._stopping.is_set():
+                    return
+                for i, proc in enumerate(self.processes):
+                    self._check(i, proc)
+
+    def _check(self, i: int, proc: subprocess.Popen) -> None:
+        code = proc.poll()
+        if code is None:
+            return
+        if self.restarts[i] >= self.max_restarts:
+            if i not in self._given_up:  # say it once
+                self._given_up.add(i)
+                self._event(
+                    f"judge server {i} ({self.urls[i]}) exited with code {code}; restart "
+                    f"budget of {self.max_restarts} used up, it stays down; log {self.log_paths[i]}"
+                )
+            return
+        self.restarts[i] += 1
+        self._event(
+            f"judge server {i} ({self.urls[i]}) exited with code {code}; restarting it on "
+            f"the same port ({self.restarts[i]}/{self.max_restarts})"
+        )
+        try:
+            self.processes[i] = self._spawn(i, append=True)
+        except OSError as error:
+            self._event(f"judge server {i}: restart failed: {error}")
+
+    def _event(self, text: str) -> None:
+        self.events.append(text)
+        print(f"[judge] {text}", file=sys.stderr, flush=True)
+
+    def wait_healthy(self, timeout_s: float = 60.0) -> bool:
+        """Block until every server answers ``/health`` (e.g. after a restart)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(check_health(u, 1.0) for u in self.urls):
+                return True
+            time.sleep(0.1)
+        return False
 
     def _wait_ready(self, port_files: list[Path], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -145,6 +222,8 @@ class JudgePool:
                     urls[i] = f"http://127.0.0.1:{int(port_files[i].read_text())}"
             if all(u is not None and check_health(u, 1.0) for u in urls):
                 self.urls = [u for u in urls if u is not None]
+                for cmd, url in zip(self._commands, self.urls):  # a restart keeps the port
+                    cmd[cmd.index("--port") + 1] = url.rsplit(":", 1)[1]
                 return
             if time.monotonic() > deadline:
                 waiting = [i for i, u in enumerate(urls) if u is None or not check_health(u)]
@@ -186,6 +265,12 @@ class JudgePool:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the children (SIGTERM), then kill any still running."""
+        self._stopping.set()
+        with self._spawn_lock:  # no restart after this point
+            pass
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5)
+        self._watcher = None
         for proc in self.processes:
             if proc.poll() is None:
                 proc.terminate()
