@@ -64,7 +64,8 @@ def build_reward(r: RewardConfig):
         {"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "zscore": s.zscore}
         for s in r.functions
     ]
-    return RewardMixture.from_specs(specs, judge_urls=r.judge.urls, api_key=key)
+    client = {"max_retries": r.judge.max_retries, "timeout_s": r.judge.timeout_s}
+    return RewardMixture.from_specs(specs, judge_urls=r.judge.urls, api_key=key, client=client)
 
 
 def resolve_builtin(path: str | None) -> str | None:
@@ -87,6 +88,20 @@ def manifest_paths(spec: str) -> list[str]:
     return paths
 
 
+def media_transform(cfg: RunConfig):
+    """VLM records decode their images/videos as the shard reads them, so a missing or
+    corrupt file is a bad record of the manifest (error naming file and line, or skipped
+    and counted in ``data/skipped`` under ``data.bad_lines=skip``) instead of an error
+    in the middle of a rollout."""
+    if cfg.model.kind != "vlm":
+        return None
+    from functools import partial
+
+    from mmyatt.datasets.media import media_transform as decode
+
+    return partial(decode, fps=cfg.model.video_fps, max_frames=cfg.model.video_max_frames)
+
+
 def build_shard(cfg: RunConfig, rank: int, world_size: int):
     from mmyatt.datasets.manifest import ShardedManifest
 
@@ -97,6 +112,7 @@ def build_shard(cfg: RunConfig, rank: int, world_size: int):
         seed=cfg.trainer.seed,
         shuffle=cfg.data.shuffle,
         bad_lines=cfg.data.bad_lines,
+        transform=media_transform(cfg),
     )
 
 
@@ -110,6 +126,7 @@ def eval_records(cfg: RunConfig, rank: int, world_size: int) -> list[dict]:
         seed=cfg.trainer.seed,
         shuffle=False,
         bad_lines=cfg.data.bad_lines,
+        transform=media_transform(cfg),
     )
     limit = -(-cfg.data.eval_prompts // world_size)  # ceil: every rank scores its share
     return m.eval_records(limit)

@@ -134,6 +134,10 @@ class JudgeConfig:
     max_batch: int = 32
     threads: int = 1  # torch threads per judge server (CPU)
     devices: tuple[str, ...] = ()  # GPU ids, one per server
+    max_retries: int = 8  # per judge request; with the backoff (0.2 s doubling, at most 5 s
+    # between tries) the run waits ~10-20 s for a lost judge before it saves and stops
+    timeout_s: float = 30.0  # per attempt
+    max_restarts: int = 3  # a judge server started with the run that dies is restarted
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,8 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class DistributedConfig:
     nproc: int = 1  # controllers started by `mmyatt train` (ignored under an external torchrun)
-    max_restarts: int = 0  # torchrun elastic restarts (resume from the last checkpoint);
-    # experimental: a restarted group hung in our fault test, see mmyatt/faults_bench.py
+    max_restarts: int = 0  # torchrun elastic restarts: a controller that dies restarts the
+    # group, which resumes from the last checkpoint (`mmyatt bench faults`, controller_dies)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 

@@ -81,6 +81,9 @@ class Controller:
     # ------------------------------------------------------------------ the step
     def step(self) -> dict[str, float]:
         """One RL step on this rank; returns globally reduced metrics."""
+        # the state before the step's first draw: what a checkpoint holds when the step
+        # fails before its update (a judge that stays down; see `call_reward`)
+        self.step_start_local = self.local_state()
         out = self._step()
         self.step_count += 1  # counts skipped steps too: it is the loop's step number
         return out
@@ -164,8 +167,30 @@ class Controller:
         ]
         return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
 
+    def call_reward(self, outputs, records, prompt_ids):
+        """``self.reward``; a judge that stays down past its client's retry budget stops
+        every controller at the same point (all raise JudgeError), none is left waiting
+        in a collective."""
+        from mmyatt.rewards.judge_client import JudgeError
+
+        error = None
+        try:
+            out = self.reward(outputs, records, prompt_ids)
+        except JudgeError as e:
+            error, out = e, None
+        self.agree_on_judge_error(error)
+        return out
+
+    def agree_on_judge_error(self, error: BaseException | None) -> None:
+        from mmyatt.rewards.judge_client import JudgeError
+
+        if self.dist.any(error is not None):
+            if error is not None:
+                raise error
+            raise JudgeError("the judge calls of another controller failed (see its error)")
+
     def score(self, r: Rollout) -> Rollout:
-        rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+        rewards, parts = self.call_reward(r.outputs, r.records, r.prompt_ids)
         a = self.cfg.algorithm
         if a.overlong == "penalty":
             lengths = r.mask.sum(1).long()
@@ -342,15 +367,22 @@ class Controller:
         recs = self.eval_records
         if not recs:
             return {}
+        from mmyatt.rewards.judge_client import JudgeError
+
         total, count, parts_sum, shown = 0.0, 0, {}, []
         bs = 64
         ema = self.cfg.model.ema_decay is not None
+        error = None
         with torch.no_grad(), self.policy.ema_weights() if ema else nullcontext():
             for i in range(0, len(recs), bs):
                 chunk = recs[i : i + bs]
                 seeds = [prompt_seed(self.cfg.trainer.seed + 1, "eval", r["_index"]) for r in chunk]
                 r = self.policy.generate(chunk, 1, s, seeds)
-                rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+                try:  # ranks may hold different numbers of chunks: agree after the loop
+                    rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+                except JudgeError as e:
+                    error = e
+                    break
                 total += float(rewards.sum())
                 count += len(chunk)
                 for k, v in parts.items():
@@ -358,6 +390,7 @@ class Controller:
                 shown += [
                     (o, x.get("prompt"), float(v)) for o, x, v in zip(r.outputs, r.records, rewards)
                 ]
+        self.agree_on_judge_error(error)
         self.eval_outputs = shown
         g = self.dist.sum_many({"total": total, "count": count, **parts_sum})
         n = max(g.pop("count"), 1.0)

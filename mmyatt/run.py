@@ -156,6 +156,7 @@ def start_judges(cfg: RunConfig, rd: Path):
         max_batch=j.max_batch,
         threads=j.threads,
         log_dir=str(rd / "judges"),
+        max_restarts=j.max_restarts,
     )
     print(
         f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "
@@ -235,6 +236,23 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         f"{cfg.sampling.group_size} samples per step, steps {first}..{t.steps}",
         flush=True,
     )
+    from mmyatt.rewards.judge_client import JudgeError
+
+    def judge_down(error: JudgeError, step: int, local: dict) -> None:
+        """A judge stayed down past the client's retry budget: checkpoint the last
+        complete state, say where it is, and stop with the client's error (it names the
+        judge URLs). A restart resumes from that checkpoint."""
+        if step > 0:
+            ck.save(step, ctl.shared_state(), local)
+            note = f"checkpoint of step {step} in {ck.root}; rerun to resume once the judge is back"
+        else:
+            note = "no step completed, nothing to checkpoint"
+        ck.close()
+        log.close()
+        say(f"\n[train] stopping: {error}\n[train] {note}", flush=True)
+        error.add_note(note)
+        raise error
+
     if first == 1:
         ev = ctl.evaluate()
         write_samples(ctl, 0)
@@ -257,7 +275,10 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     step = first - 1
     for step in range(first, t.steps + 1):
         t0 = time.perf_counter()
-        m = ctl.step()
+        try:
+            m = ctl.step()
+        except JudgeError as error:  # raised before the update: step - 1 is the state
+            judge_down(error, step - 1, ctl.step_start_local)
         dt = time.perf_counter() - t0
         m["timing/step_s"] = dt
         if "rollout/samples" in m:
@@ -266,7 +287,12 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         m["data/skipped"] = float(dist.sum(ctl.shard.num_skipped).item())
         m.update({k: float(v) for k, v in ctl.counters.items()})
         if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            m.update(ctl.evaluate())
+            try:
+                m.update(ctl.evaluate())
+            except JudgeError as error:  # the step itself is complete
+                log.log(step, m)
+                ctl.trace_records(step)
+                judge_down(error, step, ctl.local_state())
             write_samples(ctl, step)
         if step % t.log_every == 0:
             log.log(step, m)
@@ -297,7 +323,10 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     stop_signal.restore()
     if bar is not None:
         bar.close()
-    ev = ctl.evaluate()
+    try:
+        ev = ctl.evaluate()
+    except JudgeError as error:
+        judge_down(error, step, ctl.local_state())
     write_samples(ctl, step)
     rss = dist.gather_ints(peak_rss_mb())
     mem = {f"memory/peak_rss_mb_rank{r}": float(v) for r, v in enumerate(rss)}

@@ -33,8 +33,15 @@ class RewardMixture:
         self.terms = list(terms)
 
     @classmethod
-    def from_specs(cls, specs: Sequence[dict], judge_urls: Sequence[str] = (), api_key=None):
-        terms, client = [], None
+    def from_specs(
+        cls,
+        specs: Sequence[dict],
+        judge_urls: Sequence[str] = (),
+        api_key=None,
+        client: dict | None = None,
+    ):
+        """``client``: keyword arguments of the judge client (``max_retries``, ...)."""
+        terms, client_kwargs, client = [], dict(client or {}), None
         for i, spec in enumerate(specs):
             name, weight = spec["name"], float(spec.get("weight", 1.0))
             kwargs = dict(spec.get("kwargs") or {})
@@ -48,7 +55,7 @@ class RewardMixture:
                 from mmyatt.rewards.genrm import GenRMReward
                 from mmyatt.rewards.judge_client import JudgeClient
 
-                client = client or JudgeClient(list(judge_urls), api_key=api_key)
+                client = client or JudgeClient(list(judge_urls), api_key=api_key, **client_kwargs)
                 source: Any = GenRMReward(client, **kwargs)
             else:
                 source = WeightedReward([{"name": name, "kwargs": kwargs}])
