@@ -478,3 +478,193 @@ def _judge_corpus() -> list[str]:
     texts += [COLOUR_CHECK.format(colour=c) for c in COLOURS]
     texts += [SHAPE_CHECK.format(shape=s) for s in SHAPES]
     return texts * 4
+
+
+# --- judge data from a generator's own samples ------------------------------------------
+def generator_samples(
+    generator_dir: str | Path,
+    n: int,
+    *,
+    seed: int,
+    noise_levels: tuple[float, ...] = (0.0, 0.4, 0.7, 1.0),
+    denoise_steps: tuple[int, ...] = (10, 20),
+    batch: int = 32,
+) -> list[dict]:
+    """``n`` images drawn by the flow model at ``generator_dir`` for random shape
+    captions: {"id", "prompt", "colour", "shape", "image"} (the caption's attributes, not
+    what was drawn). Chunks of ``batch`` cycle through ``noise_levels`` (0 = ODE) and
+    ``denoise_steps``, so the pool covers what RL rollouts and ODE evals look like."""
+    import torch
+
+    from mmyatt.models.flow import FlowPolicy
+    from mmyatt.models.protocol import Sampling, prompt_seed
+
+    from .shapes import shape_records as caption_records
+
+    policy = FlowPolicy.load(generator_dir)
+    records = caption_records(n, seed)
+    out: list[dict] = []
+    with torch.no_grad():
+        for k, start in enumerate(range(0, n, batch)):
+            chunk = records[start : start + batch]
+            level = noise_levels[k % len(noise_levels)]
+            steps = denoise_steps[(k // len(noise_levels)) % len(denoise_steps)]
+            sampling = Sampling(denoise_steps=steps, noise_level=level, greedy=level == 0.0)
+            seeds = [prompt_seed(seed, r["id"]) for r in chunk]
+            images = policy.generate(chunk, 1, sampling, seeds).outputs
+            out += [{**r, "image": img} for r, img in zip(chunk, images)]
+    return out
+
+
+def rule_judge_records(samples: list[dict], *, seed: int, threshold: float = 0.5) -> list[dict]:
+    """Two judge questions per generated image, answered by the rule check
+    (:func:`mmyatt.rewards.image.prompt_alignment_rule` >= ``threshold`` -> "Yes"): the
+    image's own caption, and another claim (same colour and another shape half of the
+    time, another colour a quarter, both the rest). The rule's verdict, not the caption,
+    is the label: a square drawn as a blob is not a square."""
+    from mmyatt.rewards.image import prompt_alignment_rule
+
+    rng = np.random.default_rng([seed, 6])
+    colours = list(COLOURS)
+    out = []
+    for i, s in enumerate(samples):
+        u = rng.random()
+        other_colour = _other(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
+        other_shape = _other(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
+        for j, (colour, shape) in enumerate(
+            ((s["colour"], s["shape"]), (other_colour, other_shape))
+        ):
+            score = prompt_alignment_rule(s["image"], {"colour": colour, "shape": shape})
+            out.append(
+                {
+                    "id": f"g{seed}-{i}-{j}",
+                    "prompt": JUDGE_QUESTION.format(colour=colour, shape=shape),
+                    "image": s["image"],
+                    "answer": "Yes" if score >= threshold else "No",
+                    "task": "judge_generated",
+                    "rule_score": float(score),
+                    "claimed_colour": colour,
+                    "claimed_shape": shape,
+                }
+            )
+    return out
+
+
+def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict[str, float]:
+    """How often the judge's Yes/No (P(Yes) > P(No)) matches the records' rule answers;
+    also the Pearson correlation of P(Yes) with the rule score."""
+    p_yes: list[float] = []
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        for top in policy.next_token_logprobs([_messages(r) for r in chunk], 20):
+            scores = {tok.strip(): lp for tok, lp in reversed(top)}
+            yes, no = scores.get("Yes", -1e9), scores.get("No", -1e9)
+            p_yes.append(1.0 / (1.0 + math.exp(max(-50.0, min(50.0, no - yes)))))
+    p = np.array(p_yes)
+    said = p > 0.5
+    truth = np.array([r["answer"] == "Yes" for r in records])
+    rule = np.array([r["rule_score"] for r in records])
+    corr = float(np.corrcoef(p, rule)[0, 1]) if p.std() > 0 and rule.std() > 0 else 0.0
+    return {
+        "agreement": float(np.mean(said == truth)),
+        "accept_rule_yes": float(np.mean(said[truth])) if truth.any() else float("nan"),
+        "reject_rule_no": float(np.mean(~said[~truth])) if (~truth).any() else float("nan"),
+        "corr_rule": corr,
+        "n": len(records),
+    }
+
+
+def finetune_judge_on_generator(
+    judge_dir: str | Path,
+    generator_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    pool: int = 4000,
+    steps: int = 600,
+    batch_size: int = 32,
+    generated_fraction: float = 0.5,
+    lr: float = 3e-4,
+    n_eval: int = 600,
+    eval_every: int = 100,
+    sizes: tuple[int, ...] = (IMAGE_SIZE,),
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Fine-tune a Yes/No judge on the generator's own samples, labelled by the rule.
+
+    A judge trained only on clean drawn shapes agrees with the rule check on the tiny
+    generator's blobby samples barely above chance, and RL against it finds textures it
+    likes (reward hacking). Here each batch mixes ``generated_fraction`` rule-labelled
+    questions about images from a pool of ``pool`` generator samples
+    (:func:`generator_samples`, :func:`rule_judge_records`) with the clean judge mix
+    (:func:`judge_training_mix`) so the clean skills stay. AdamW at ``lr`` with a cosine
+    to ``lr / 10``; every ``eval_every`` steps: rule agreement on ``n_eval`` questions
+    about held-out generator samples (their own seed) and clean held-out accuracy; the
+    checkpoint with the best agreement whose clean accuracy stays >= 0.95 is saved to
+    ``out_dir``. Returns {"start", "best", "history", "seconds"}.
+    """
+    import torch
+
+    from mmyatt.models.vlm import VLMPolicy
+
+    say = log or (lambda _msg: None)
+    torch.manual_seed(seed)
+    started = time.perf_counter()
+    say(f"drawing {pool} + {n_eval // 2} generator samples ...")
+    train_pool = rule_judge_records(generator_samples(generator_dir, pool, seed=seed), seed=seed)
+    held = rule_judge_records(
+        generator_samples(generator_dir, n_eval // 2, seed=50_000 + seed), seed=50_000 + seed
+    )
+    clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
+    yes = np.mean([r["answer"] == "Yes" for r in train_pool])
+    say(f"pool: {len(train_pool)} questions, {yes:.2f} answered Yes by the rule")
+    policy = VLMPolicy.load(judge_dir, max_prompt_tokens=64)
+    model = policy.module()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = np.random.default_rng([seed, 7])
+    n_gen = int(round(batch_size * generated_fraction))
+
+    def measure(step: int, loss: float | None) -> dict[str, Any]:
+        model.eval()
+        with torch.no_grad():
+            m = {f"gen_{k}": v for k, v in rule_agreement(policy, held).items()}
+            m["clean_accuracy"] = judge_accuracy(policy, clean_eval)["accuracy"]
+        model.train()
+        m.update(step=step, seconds=round(time.perf_counter() - started, 1), loss=loss)
+        say(json.dumps(m))
+        return m
+
+    start = measure(0, None)
+    best: dict[str, Any] = {"gen_agreement": -1.0}
+    history = [start]
+    model.train()
+    for step in range(1, steps + 1):
+        progress = (step - 1) / max(1, steps - 1)
+        for group in opt.param_groups:
+            group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        picks = rng.choice(len(train_pool), size=n_gen, replace=False)
+        batch = [train_pool[int(i)] for i in picks]
+        batch += judge_training_mix(
+            batch_size - n_gen,
+            seed=2_000_000 * (seed + 1) + step,
+            sizes=sizes,
+            classification_fraction=0.25,
+            attribute_fraction=0.25,
+        )
+        loss = policy.sft_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % eval_every == 0 or step == steps:
+            m = measure(step, float(loss.detach()))
+            history.append(m)
+            if m["clean_accuracy"] >= 0.95 and m["gen_agreement"] > best["gen_agreement"]:
+                best = m
+                policy.save(str(out_dir))
+    return {
+        "start": start,
+        "best": best,
+        "history": history,
+        "seconds": round(time.perf_counter() - started, 1),
+    }

@@ -12,9 +12,12 @@ from mmyatt.datasets.media import load_image, load_video
 from mmyatt.datasets.vision_tasks import (
     COLOURS,
     SHAPES,
+    generator_samples,
     judge_records,
     judge_training_mix,
     motion_clip,
+    rule_agreement,
+    rule_judge_records,
     shape_records,
     write_judge_task,
     write_motion_task,
@@ -100,3 +103,94 @@ def test_motion_task_videos_move(tmp_path):
     assert {r["answer"] for r in train} == {"left", "right"}
     frames = load_video(tmp_path / train[0]["video"], fps=2.0, max_frames=8)
     assert frames.shape[0] == train[0]["num_frames"] and frames.shape[1:] == (56, 56, 3)
+
+
+# --- judge data from a generator's samples ------------------------------------------------
+def _drawn(n, seed=0):
+    from mmyatt.datasets.shapes import draw_shape
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        colour, shape = list(COLOURS)[i % len(COLOURS)], SHAPES[i % len(SHAPES)]
+        img = draw_shape(colour, shape, size=32, rng=rng)
+        out.append({"id": f"d{i}", "colour": colour, "shape": shape, "image": img})
+    return out
+
+
+def test_rule_judge_records_take_the_rules_verdict():
+    from mmyatt.rewards.image import prompt_alignment_rule
+
+    recs = rule_judge_records(_drawn(12), seed=1)
+    assert len(recs) == 24
+    own, other = recs[0::2], recs[1::2]
+    # a clean drawn shape passes the rule for its own caption and fails any other claim
+    assert all(r["answer"] == "Yes" for r in own)
+    assert all(r["answer"] == "No" for r in other)
+    assert all(
+        (r["claimed_colour"], r["claimed_shape"]) != (s["colour"], s["shape"])
+        for r, s in zip(other, _drawn(12))
+    )
+    for r in recs:
+        claim = {"colour": r["claimed_colour"], "shape": r["claimed_shape"]}
+        assert r["rule_score"] == prompt_alignment_rule(r["image"], claim)
+        assert (
+            r["prompt"]
+            == f"Does this image show a {r['claimed_colour']} {r['claimed_shape']}? Answer Yes or No."
+        )
+    # a blob that is not square enough is "No" for "square" whatever the caption said
+    blob = Image.new("RGB", (32, 32), (20, 20, 25))
+    from PIL import ImageDraw
+
+    ImageDraw.Draw(blob).ellipse((8, 8, 24, 24), fill=COLOURS["red"])
+    r = rule_judge_records([{"id": "b", "colour": "red", "shape": "square", "image": blob}], seed=0)
+    assert r[0]["answer"] == "No"
+
+
+class _FixedJudge:
+    """Says P(Yes) = p for every request (a stand-in for VLMPolicy.next_token_logprobs)."""
+
+    def __init__(self, p_yes):
+        self.p = list(p_yes)
+
+    def next_token_logprobs(self, batch, top_k):
+        out = []
+        for _ in batch:
+            p = self.p.pop(0)
+            out.append([("Yes", float(np.log(p))), ("No", float(np.log(1 - p)))])
+        return out
+
+
+def test_rule_agreement_counts_matches_and_correlation():
+    recs = rule_judge_records(_drawn(4), seed=1)  # answers: Yes, No, Yes, No, ...
+    m = rule_agreement(_FixedJudge([0.9, 0.2, 0.3, 0.1, 0.8, 0.6, 0.7, 0.4]), recs)
+    # said yes: T F F F T T T F ; truth: T F T F T F T F -> 6 of 8 agree
+    assert m["agreement"] == 6 / 8
+    assert m["accept_rule_yes"] == 3 / 4 and m["reject_rule_no"] == 3 / 4
+    assert m["n"] == 8 and 0 < m["corr_rule"] <= 1
+
+
+def test_generator_samples_draw_from_the_flow_model():
+    from mmyatt.builders import resolve_builtin
+
+    out = generator_samples(
+        resolve_builtin("builtin:tiny_t2i"),
+        4,
+        seed=0,
+        batch=2,
+        noise_levels=(0.0, 0.7),
+        denoise_steps=(2,),
+    )
+    assert [set(r) for r in out] == [{"id", "prompt", "colour", "shape", "image"}] * 4
+    assert all(r["image"].size == (32, 32) for r in out)
+    again = generator_samples(
+        resolve_builtin("builtin:tiny_t2i"),
+        4,
+        seed=0,
+        batch=2,
+        noise_levels=(0.0, 0.7),
+        denoise_steps=(2,),
+    )
+    assert all(
+        np.array_equal(np.asarray(a["image"]), np.asarray(b["image"])) for a, b in zip(out, again)
+    )
