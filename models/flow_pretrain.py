@@ -137,6 +137,7 @@ def pretrain_flow(
     t_dist: str = "logit_normal",
     device: str = "cpu",
     max_minutes: float | None = None,
+    text_lr_scale: float = 1.0,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -151,7 +152,8 @@ def pretrain_flow(
     ``device`` (e.g. "cuda") is where training runs; data are drawn on the CPU and the
     model is saved and evaluated on the CPU either way. ``max_minutes`` stops training
     early (the schedule is still laid out over ``steps``; the steps actually taken are
-    recorded as "steps_done").
+    recorded as "steps_done"). ``text_lr_scale`` scales the text encoder's learning rate;
+    0 freezes it at its random init (see the module docstring for why video needs that).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -179,6 +181,7 @@ def pretrain_flow(
             t_dist=t_dist,
             device=device,
             max_minutes=max_minutes,
+            text_lr_scale=text_lr_scale,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -206,6 +209,7 @@ def _train(
     t_dist,
     device,
     max_minutes,
+    text_lr_scale,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -224,10 +228,16 @@ def _train(
     policy = FlowPolicy.load(out)
     policy.transformer.to(device)
     policy.text_encoder.to(device)
-    policy.text_encoder.train().requires_grad_(True)
+    train_text = text_lr_scale > 0
+    policy.text_encoder.train(train_text).requires_grad_(train_text)
     policy.transformer.train()
-    params = [*policy.transformer.parameters(), *policy.text_encoder.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    params = list(policy.transformer.parameters())
+    groups = [{"params": params, "lr": lr}]
+    if train_text:
+        text_params = list(policy.text_encoder.parameters())
+        groups.append({"params": text_params, "lr": lr * text_lr_scale})
+        params = params + text_params
+    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
     def lr_at(step: int) -> float:
         if step < warmup:
@@ -284,6 +294,7 @@ def _train(
         "kind": kind,
         "steps": steps,
         "steps_done": done,
+        "text_lr_scale": text_lr_scale,
         "device": str(device),
         "batch_size": batch_size,
         "params": n_params,
@@ -315,6 +326,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
     ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
     ap.add_argument("--max-minutes", type=float, default=None, help="stop training early")
+    ap.add_argument(
+        "--text-lr-scale", type=float, default=1.0, help="text encoder lr / lr (0: frozen)"
+    )
     a = ap.parse_args(argv)
     m = pretrain_flow(
         a.out_dir,
@@ -333,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         t_dist=a.t_dist,
         device=a.device,
         max_minutes=a.max_minutes,
+        text_lr_scale=a.text_lr_scale,
     )
     print(json.dumps(m, indent=2))
 
