@@ -100,8 +100,39 @@ def init_from_env(backend: str = "auto") -> Dist:
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        store = attempt_store(rank, world)
+        if store is None:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
     return Dist(rank, world, device)
+
+
+def attempt_store(rank: int, world: int):
+    """Under torchrun, the store the process group meets in, with keys private to this
+    restart attempt (None outside torchrun).
+
+    torchrun's c10d rendezvous hands every attempt of the group the same agent-hosted
+    TCPStore without a per-attempt prefix, so after an elastic restart the gloo mesh
+    keys of the dead group are still there: a new rank that reads its peer's key before
+    the peer rewrites it gets the old, dead address (connection refused and the restart
+    fails, or a connection to whatever listens there now and the group hangs). A
+    ``mmyatt/attempt_<TORCHELASTIC_RESTART_COUNT>/`` key prefix gives each attempt clean keys.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    from datetime import timedelta
+
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=not agent_hosts and rank == 0,
+        timeout=timedelta(minutes=10),
+    )
+    return dist.PrefixStore(f"mmyatt/attempt_{attempt}", store)
 
 
 def shutdown() -> None:
@@ -121,6 +152,10 @@ def under_launcher() -> bool:
 
 def launch(nproc: int, argv: list[str], *, max_restarts: int = 0, saved_since=None) -> int:
     """Run ``python -m mmyatt <argv>`` as ``nproc`` controllers under torchrun's launcher.
+
+    With ``max_restarts`` > 0 a controller that dies makes torchrun restart the whole
+    group (each attempt meets in its own store keys, see ``attempt_store``), and the
+    restarted controllers resume from the last complete checkpoint.
 
     On SIGTERM the signal is passed on and the launcher waits; torchrun then exits
     non-zero because it was signalled, so ``saved_since(t)`` (did the controllers write a
