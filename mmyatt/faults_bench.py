@@ -1,7 +1,10 @@
 """`mmyatt bench faults`: inject faults into real runs and count what survives.
 
-Every scenario runs the same tiny GRPO job on 2 controllers (checkpoint every 2 steps)
-and compares it with an uninterrupted reference run of the same job:
+Three tiny jobs on 2 controllers (checkpoint every 2 steps), each compared with an
+uninterrupted reference run of the same job (or, for corrupt media, with the records
+the sharding rules say each controller must read):
+
+Text GRPO, rule reward:
 
 * ``kill_during_step``: SIGKILL the whole process tree while step 3 runs, restart.
 * ``kill_during_save``: SIGKILL while the step-4 checkpoint is being written (a delay
@@ -9,10 +12,29 @@ and compares it with an uninterrupted reference run of the same job:
   must be ignored.
 * ``sigterm``: SIGTERM to every process after step 3; the run saves and exits 0; restart.
 * ``nan_reward``: the reward is NaN for one step; that step is skipped and counted.
+* ``controller_dies_rank0`` / ``_rank1``: SIGKILL one controller only, with
+  ``distributed.max_restarts=1``: torchrun restarts the group, which resumes from the
+  last complete checkpoint by itself.
 
-``scenario_controller_dies`` (SIGKILL one controller only, expecting torchrun's elastic
-restart to resume the group from the last checkpoint) is not in the suite: in our runs
-the restarted group hangs (issue #4 stays open for it).
+Text GRPO, GenRM reward from a judge server started with the run (an untrained tiny
+text judge served by ``mmyatt.rewards.judge_server``, one request per model call so
+that its answers are deterministic; the reward is its next-token mass on one set of
+tokens against another: meaningless as a task, but sample-dependent and exact, which
+is what a fault test needs):
+
+* ``judge_crash``: SIGKILL the judge server after step 2; the judge pool restarts it on
+  the same port, the controllers' clients retry until it answers, the run goes on.
+* ``judge_gone``: the same kill with judge restarts off and a short retry budget: the
+  run must stop with an error naming the judge URL after checkpointing its last
+  complete step; a rerun (with a judge again) resumes from that checkpoint.
+
+VLM GRPO on image questions (``data.bad_lines=skip``):
+
+* ``corrupt_media``: some images truncated, some overwritten with garbage, some
+  deleted. The run finishes, every bad record is skipped and counted in
+  ``data/skipped``, and every controller reads exactly the good records it owns, in
+  order. The same manifest with ``data.bad_lines=fail`` must stop with an error naming
+  the manifest file and line and the image file.
 
 ``records_lost`` counts manifest records that the reference run drew at some step and
 the faulted run did not draw at that step, plus records drawn that the reference did
@@ -29,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,9 +91,50 @@ def reward(completion, record):
 """
 
 
-def _start(tmp: Path, run: Path, env_extra: dict | None = None) -> subprocess.Popen:
+# a judge's "yes" and "no" token sets: printable ASCII by parity of the code point
+YES = [chr(c) for c in range(33, 127) if c % 2 == 0]
+NO = [chr(c) for c in range(33, 127) if c % 2 == 1]
+
+
+def judge_job(judge_dir: Path) -> list[str]:
+    kwargs = {"mode": "yes_prob", "template": "yes_no_correct", "yes_tokens": YES, "no_tokens": NO}
+    return [
+        *JOB[:-1],
+        f"reward.functions=[{json.dumps({'name': 'genrm', 'kwargs': kwargs})}]",
+        f"reward.judge.model={judge_dir}",
+        "reward.judge.max_batch=1",  # a batch of one: answers do not depend on batching
+        "reward.judge.max_retries=10",  # 10-20 s: outlasts a judge restart
+    ]
+
+
+VLM_CONFIG = CONFIG.parent / "vlm_grpo_image_tiny.yaml"
+MEDIA_JOB = [
+    "data.eval_prompts=8",
+    "data.prompts_per_step=4",
+    "data.bad_lines=skip",
+    "sampling.group_size=4",
+    "sampling.max_new_tokens=3",
+    "algorithm.dynamic_sampling=false",
+    "sft.enabled=false",
+    "trainer.steps=6",
+    "trainer.eval_every=0",
+    "trainer.max_minutes=null",
+    "trainer.progress=false",
+    "trainer.save_rollouts_every=0",
+    "checkpoint.save_every=2",
+    "distributed.nproc=2",
+]
+
+
+def _start(
+    tmp: Path,
+    run: Path,
+    env_extra: dict | None = None,
+    job: list[str] = JOB,
+    config: Path = CONFIG,
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(tmp), OMP_NUM_THREADS="1", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "mmyatt", "train", str(CONFIG), *JOB, "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "mmyatt", "train", str(config), *job, "--run-dir", str(run)]
     log = (run.parent / f"{run.name}.log").open("a")
     return subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -127,9 +191,18 @@ def _exact(ref: Path, run: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def _finish(tmp: Path, run: Path, env: dict | None = None) -> int:
-    proc = _start(tmp, run, env)
-    return proc.wait(timeout=600)
+def _wait(proc: subprocess.Popen, timeout: float = 420) -> int:
+    """The exit code; a run still going after ``timeout`` is killed (code -9: a hang)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc, signal.SIGKILL)
+        proc.wait()
+        return -9
+
+
+def _finish(tmp: Path, run: Path, env: dict | None = None, **kw) -> int:
+    return _wait(_start(tmp, run, env, **kw))
 
 
 def _kill_tree(proc: subprocess.Popen, sig: int) -> None:
@@ -186,26 +259,187 @@ def scenario_sigterm(tmp: Path, ref: Path) -> dict:
     return out
 
 
-def scenario_controller_dies(tmp: Path, ref: Path) -> dict:
-    """SIGKILL one controller (rank 1) only: torchrun restarts the group, which resumes
+def scenario_controller_dies(tmp: Path, ref: Path, rank: int = 1) -> dict:
+    """SIGKILL one controller (``rank``) only: torchrun restarts the group, which resumes
     from the last checkpoint by itself (distributed.max_restarts)."""
     import psutil
 
-    run = tmp / "one_dies"
-    proc = _start(tmp, run)
+    run = tmp / f"rank{rank}_dies"
+    proc = _start(tmp, run, job=[*JOB, "distributed.max_restarts=1"])
     injected = _wait_for(_logged(run, 3), proc)
     victims = []
     for p in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "_controller" in p.cmdline() and p.environ().get("RANK") == "1":
+            if "_controller" in p.cmdline() and p.environ().get("RANK") == str(rank):
                 victims.append(p)
         except psutil.Error:
             pass
     for p in victims:
         p.kill()
     injected = injected and bool(victims)
-    rc = proc.wait(timeout=600)
-    return _report("controller_dies", injected, rc, ref, run)
+    rc = _wait(proc)
+    out = _report(f"controller_dies_rank{rank}", injected, rc, ref, run)
+    log = (tmp / f"rank{rank}_dies.log").read_text(errors="replace")
+    out["group_restarted_from_checkpoint"] = log.count("[resume] from") == 1
+    out["survived"] = out["survived"] and out["group_restarted_from_checkpoint"]
+    return out
+
+
+def _judges(proc: subprocess.Popen) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "mmyatt.rewards.judge_server" in p.cmdline():
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _judge_url(run: Path) -> str:
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())["reward"]["judge"]["urls"][0]
+
+
+def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
+    """SIGKILL the judge server mid-run; the pool restarts it, clients retry."""
+    from mmyatt.rewards.judge_pool import check_health
+
+    run = tmp / "judge_crash"
+    proc = _start(tmp, run, job=job)
+    injected = _wait_for(_logged(run, 2), proc)
+    victims = _judges(proc) if injected else []
+    url = _judge_url(run) if victims else ""
+    for p in victims:
+        p.kill()
+    t_kill = time.perf_counter()
+    down_s = None
+    while victims and proc.poll() is None and time.perf_counter() - t_kill < 120:
+        if check_health(url, 0.5):
+            down_s = time.perf_counter() - t_kill
+            break
+        time.sleep(0.1)
+    rc = _wait(proc)
+    out = _report("judge_crash", bool(victims), rc, ref, run)
+    log = (tmp / "judge_crash.log").read_text(errors="replace")
+    out["judge_restarts"] = log.count("restarting it on the same port")
+    out["judge_down_s"] = round(down_s, 1) if down_s is not None else None
+    out["survived"] = out["survived"] and out["judge_restarts"] == 1
+    return out
+
+
+def scenario_judge_gone(tmp: Path, ref: Path, job: list[str]) -> dict:
+    """The judge dies for good (no restarts, short retry budget): the run checkpoints its
+    last complete step and stops naming the judge URL; a rerun resumes from there."""
+    run = tmp / "judge_gone"
+    gone = [*job[:-1], "reward.judge.max_retries=3", "reward.judge.max_restarts=0"]
+    proc = _start(tmp, run, job=gone)
+    injected = _wait_for(_logged(run, 3), proc)
+    victims = _judges(proc) if injected else []
+    url = _judge_url(run) if victims else ""
+    for p in victims:
+        p.kill()
+    rc_stop = _wait(proc)
+    log = (tmp / "judge_gone.log").read_text(errors="replace")
+    state = run / "checkpoints" / "state"
+    steps = sorted(int(p.parent.name[5:]) for p in state.glob("step_*/COMPLETE"))
+    out_stop = {
+        "stop_exit_code": rc_stop,
+        "error_names_judge_url": bool(url) and "JudgeUnavailableError" in log and url in log,
+        "checkpoint_before_stop": steps[-1] if steps else None,
+    }
+    rc = _finish(tmp, run, job=job)  # a judge again: resume
+    out = _report("judge_gone", bool(victims), rc, ref, run)
+    out.update(out_stop)
+    out["survived"] = bool(
+        out["survived"]
+        and rc_stop not in (0, -9)
+        and out_stop["error_names_judge_url"]
+        and f"checkpoint of step {steps[-1] if steps else -1} in" in log
+    )
+    return out
+
+
+def _media_task(root: Path, n_train: int = 120) -> tuple[Path, Path, dict[int, str]]:
+    """The VLM image task with some images truncated, garbage or missing. Returns the
+    manifests and {record index: what was done to its image}."""
+    from mmyatt.datasets.vision_tasks import write_shape_task
+
+    p = write_shape_task(root, n_train=n_train, n_eval=16, seed=0)
+    records = [json.loads(x) for x in p["train"].read_text().splitlines() if x.strip()]
+    bad: dict[int, str] = {}
+    rng = __import__("random").Random(0)
+    for i in rng.sample(range(len(records)), 30):
+        image = root / records[i]["image"]
+        kind = ("truncated", "garbage", "missing")[len(bad) % 3]
+        if kind == "truncated":
+            image.write_bytes(image.read_bytes()[: image.stat().st_size // 3])
+        elif kind == "garbage":
+            image.write_bytes(rng.randbytes(500))
+        else:
+            image.unlink()
+        bad[i] = kind
+    return p["train"], p["eval"], bad
+
+
+def _expected_reads(train: Path, bad: set[int], steps: int, per_rank: int, world: int):
+    """{step: records} the sharding rules give when bad records are passed over, and how
+    many bad records that passes over (from ``owned_indices``, not the reading code)."""
+    from mmyatt.datasets.manifest import ShardedManifest
+
+    out: dict[int, set[int]] = {}
+    passed = 0
+    for rank in range(world):
+        m = ShardedManifest(str(train), rank=rank, world_size=world, seed=0, shuffle=True)
+        stream = (int(i) for e in range(1000) for i in m.owned_indices(e))
+        for step in range(1, steps + 1):
+            got: list[int] = []
+            while len(got) < per_rank:
+                i = next(stream)
+                if i in bad:
+                    passed += 1
+                else:
+                    got.append(i)
+            out.setdefault(step, set()).update(got)
+    return out, passed
+
+
+def scenario_corrupt_media(tmp: Path) -> dict:
+    train, ev, bad = _media_task(tmp / "media")
+    data = [f"data.train={train}", f"data.eval={ev}"]
+    run = tmp / "corrupt_media"
+    rc = _finish(tmp, run, job=[*MEDIA_JOB, *data], config=VLM_CONFIG)
+    done = rc == 0 and (run / "checkpoints" / "final").exists()
+    expected, passed = _expected_reads(train, set(bad), steps=6, per_rank=2, world=2)
+    got = _trace(run) if done else {}
+    lost = sum(len(expected[s] ^ got.get(s, set())) for s in expected) if done else None
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if done else []
+    counted = max((r.get("data/skipped", 0) for r in rows), default=0)
+    # the same manifest under the fail policy: the error names manifest line and file
+    fail_run = tmp / "corrupt_media_fail"
+    job = [*MEDIA_JOB, *data, "data.bad_lines=fail"]
+    rc_fail = _finish(tmp, fail_run, job=job, config=VLM_CONFIG)
+    log = (tmp / "corrupt_media_fail.log").read_text(errors="replace")
+    lines = [x for x in train.read_text().splitlines() if x.strip()]
+    named = any(f"{train}:{i + 1}: " in log and json.loads(lines[i])["image"] in log for i in bad)
+    return {
+        "fault": "corrupt_media",
+        "injected": True,
+        "exit_code": rc,
+        "bad_images": {k: sum(v == k for v in bad.values()) for k in set(bad.values())},
+        "bad_records_passed_over": passed,
+        "data_skipped_metric": counted,
+        "records_lost": lost,
+        "exact_weights": None,
+        "fail_policy_exit_code": rc_fail,
+        "fail_policy_error_names_line_and_file": named,
+        "survived": bool(
+            done and lost == 0 and passed > 0 and counted == passed and rc_fail != 0 and named
+        ),
+    }
 
 
 def scenario_nan_reward(tmp: Path, ref: Path) -> dict:
@@ -247,8 +481,27 @@ def bench_faults(quick: bool = False) -> dict:
             raise RuntimeError(f"reference run failed; see {ref}.log")
         scenarios = [scenario_kill_during_step, scenario_nan_reward]
         if not quick:
-            scenarios += [scenario_kill_during_save, scenario_sigterm]
+            scenarios += [
+                scenario_kill_during_save,
+                scenario_sigterm,
+                partial(scenario_controller_dies, rank=0),
+                partial(scenario_controller_dies, rank=1),
+            ]
         results = [s(tmp, ref) for s in scenarios]
+        # the judge-backed job: its own reference
+        from mmyatt.models.tiny import build_tiny_text_model
+
+        corpus = [f"Question: {a}+{b}=\nAnswer: {a + b}\n" for a in range(30) for b in range(10)]
+        job = judge_job(build_tiny_text_model(tmp / "judge", size="qwen2-0.1m", corpus=corpus))
+        ref_judge = tmp / "reference_judge"
+        if _finish(tmp, ref_judge, job=job) != 0:
+            raise RuntimeError(f"judge reference run failed; see {ref_judge}.log")
+        scenarios = [partial(scenario_judge_crash, job=job)]
+        if not quick:
+            scenarios.append(partial(scenario_judge_gone, job=job))
+        results += [s(tmp, ref_judge) for s in scenarios]
+        if not quick:
+            results.append(scenario_corrupt_media(tmp))
     return {
         "benchmark": "faults",
         "faults_injected": sum(r["injected"] for r in results),
