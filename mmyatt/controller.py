@@ -365,11 +365,13 @@ class Controller:
 
     def _evaluate(self, s: Sampling, prefix: str) -> dict[str, float]:
         recs = self.eval_records
-        if not recs:
+        # a rank may hold no eval records while others do: it still joins every collective
+        if not self.dist.any(bool(recs)):
             return {}
         from mmyatt.rewards.judge_client import JudgeError
 
-        total, count, parts_sum, shown = 0.0, 0, {}, []
+        total, count, shown = 0.0, 0, []
+        parts_sum = dict.fromkeys(getattr(self.reward, "names", []), 0.0)
         bs = 64
         ema = self.cfg.model.ema_decay is not None
         error = None

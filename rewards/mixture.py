@@ -63,6 +63,17 @@ class RewardMixture:
             terms.append((label, source, weight, zscore))
         return cls(terms)
 
+    @property
+    def names(self) -> list[str]:
+        """The keys of the parts dict every call returns (a controller with nothing to
+        score still reports them, so all ranks sum the same metrics)."""
+        names: list[str] = []
+        for label, source, _w, _z in self.terms:
+            names.append(label)
+            if not isinstance(source, WeightedReward):
+                names += [n for n in getattr(source, "names", []) if n != label]
+        return names
+
     def __call__(self, outputs, records, prompt_ids=None) -> tuple[Tensor, dict[str, Tensor]]:
         total = torch.zeros(len(outputs), dtype=torch.float32)
         parts: dict[str, Tensor] = {}

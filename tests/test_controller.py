@@ -39,7 +39,9 @@ def write_manifest(path: Path, kinds: list[str]) -> Path:
     return path
 
 
-def make_controller(tmp: Path, manifest: Path, dist: Dist, overrides: list[str]) -> Controller:
+def make_controller(
+    tmp: Path, manifest: Path, dist: Dist, overrides: list[str], eval_records=()
+) -> Controller:
     cfg = load_config(
         None,
         [
@@ -64,7 +66,7 @@ def make_controller(tmp: Path, manifest: Path, dist: Dist, overrides: list[str])
             seed=0,
             shuffle=cfg.data.shuffle,
         ),
-        eval_records=[],
+        eval_records=list(eval_records),
     )
 
 
@@ -191,3 +193,32 @@ def test_nonfinite_loss_is_never_applied(tmp_path):
     for _ in range(3):
         ctl.step()
     assert not all(torch.equal(a, b) for a, b in zip(before, ctl.params))
+
+
+def _eval_rank_main(rank: int, world: int, tmp: str, manifest: str, out: str):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp}/store-eval", rank=rank, world_size=world
+    )
+    dist = init_from_env("gloo")
+    try:
+        # only rank 1 holds eval records (fewer eval prompts than controllers)
+        recs = [{"prompt": "p", "answer": "2", "_index": i} for i in range(3)] if rank else []
+        ctl = make_controller(Path(tmp), Path(manifest), dist, [], eval_records=recs)
+        result = ctl.evaluate()
+        Path(out, f"eval{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        shutdown()
+    os._exit(0)
+
+
+def test_eval_with_a_rank_that_holds_no_eval_records(tmp_path):
+    m = write_manifest(tmp_path / "m.jsonl", ["learn"] * 8)
+    args = (2, str(tmp_path), str(m), str(tmp_path))
+    mp.start_processes(_eval_rank_main, args=args, nprocs=2, start_method="spawn")
+    r0, r1 = (json.loads((tmp_path / f"eval{r}.json").read_text()) for r in range(2))
+    assert r0 == r1  # both joined the same collectives and agree on the numbers
+    assert set(r0) == {"eval/reward/mean", "eval/reward/test_controller:arm_reward"}
+    assert 0.0 <= r0["eval/reward/mean"] <= 1.0
