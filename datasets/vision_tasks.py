@@ -576,7 +576,7 @@ def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict
 
 def finetune_judge_on_generator(
     judge_dir: str | Path,
-    generator_dir: str | Path,
+    generator_dir: str | Path | list,
     out_dir: str | Path,
     *,
     seed: int = 0,
@@ -594,7 +594,9 @@ def finetune_judge_on_generator(
 
     A judge trained only on clean drawn shapes agrees with the rule check on the tiny
     generator's blobby samples barely above chance, and RL against it finds textures it
-    likes (reward hacking). Here each batch mixes ``generated_fraction`` rule-labelled
+    likes (reward hacking). ``generator_dir`` may list several flow models (e.g. the base
+    and a policy already trained against an earlier judge, whose samples show what RL
+    drifts towards); the pool is split evenly between them. Each batch mixes ``generated_fraction`` rule-labelled
     questions about images from a pool of ``pool`` generator samples
     (:func:`generator_samples`, :func:`rule_judge_records`) with the clean judge mix
     (:func:`judge_training_mix`) so the clean skills stay. AdamW at ``lr`` with a cosine
@@ -610,11 +612,14 @@ def finetune_judge_on_generator(
     say = log or (lambda _msg: None)
     torch.manual_seed(seed)
     started = time.perf_counter()
-    say(f"drawing {pool} + {n_eval // 2} generator samples ...")
-    train_pool = rule_judge_records(generator_samples(generator_dir, pool, seed=seed), seed=seed)
-    held = rule_judge_records(
-        generator_samples(generator_dir, n_eval // 2, seed=50_000 + seed), seed=50_000 + seed
-    )
+    gens = [generator_dir] if isinstance(generator_dir, str | Path) else list(generator_dir)
+    say(f"drawing {pool} + {n_eval // 2} samples from {len(gens)} generator(s) ...")
+    train_pool, held = [], []
+    for k, gen in enumerate(gens):  # the pool and the held-out set split evenly
+        s_train, s_held = seed + 1000 * k, 50_000 + seed + 1000 * k
+        n_k, h_k = pool // len(gens), (n_eval // 2) // len(gens)
+        train_pool += rule_judge_records(generator_samples(gen, n_k, seed=s_train), seed=s_train)
+        held += rule_judge_records(generator_samples(gen, h_k, seed=s_held), seed=s_held)
     clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
     yes = np.mean([r["answer"] == "Yes" for r in train_pool])
     say(f"pool: {len(train_pool)} questions, {yes:.2f} answered Yes by the rule")

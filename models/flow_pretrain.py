@@ -14,15 +14,25 @@ otherwise have to carry the caption through frozen random layers); in RL it is f
 Defaults and why: 4x4 pixel patches (64 tokens for a 32x32 image; ``build_tiny_flow_model``
 itself defaults to 2x2) train ~4x faster per step than 2x2 and on one CPU thread the
 number of optimizer steps, not the images seen, decides whether shapes (not just
-colours) appear; hence batch 16, lr 1.5e-3, 1500 steps, a 1.3M-parameter SD3
-transformer (4 layers, 4 heads x 24). Measured on the shared 2-core machine with one
-thread: ~4 min, ODE alignment (prompt_alignment_rule, 64 prompts, 20 steps) 0.46,
-colour 0.95, shape 0.47. Measured alternatives: 2x2 patches (0.58M params, batch 32,
-500 steps, 6 min) and 4x4 patches at batch 32 (1000-1500 steps) stayed at chance on
-shape (alignment ~0.29); 4x4 patches, 2.3M params, batch 16 x 2000 steps reached 0.58
-in 7.6 min. Video (wan-video, 8 x 16 x 16 frames, 4x4 patches, 0.54M params): 1500
-steps in ~9 min learn the colour (0.95) but not the motion (motion_direction 0.50 =
-chance): a video demo needs a longer run.
+colours) appear; hence batch 16, lr 1.5e-3, a 1.3M-parameter SD3 transformer (4 layers,
+4 heads x 24) and 2500 steps. The step count sets where RL starts: measured on the
+shared 2-core machine with one thread (ODE, 20 steps, ``prompt_alignment_rule``):
+
+| steps | wall | alignment (64 prompts) | circle / square / triangle (96 prompts) |
+|---|---|---|---|
+| 1500 | 4 min | 0.46 | 0.92 / 0.00 / 0.61 (squares drawn as round blobs, box fill 0.75) |
+| 2500 (default, ``builtin:tiny_t2i``) | 6 min | 0.59 | 0.96 / 0.26 / 0.75 |
+| 4000 | 6.2 min alone | 0.77 | 1.00 / 0.62 / 0.84 (little left for RL to gain) |
+
+Uniform t instead of logit-normal (4000 steps) reached 0.61. Other measured
+alternatives: 2x2 patches (0.58M params, batch 32, 500 steps, 6 min) and 4x4 patches at
+batch 32 (1000-1500 steps) stayed at chance on shape (alignment ~0.29).
+
+Video (wan-video, 8 x 16 x 16 frames, 4x4 patches, 0.54M params): 1500 steps in ~9 min
+on the CPU learn the colour (0.95) but not the motion; on a GPU (``--device cuda``),
+5000 steps at batch 32, 6 layers, a frozen text encoder (``--text-lr-scale 0``) or
+uniform t all draw moving objects but in random directions (``motion_direction``
+0.45-0.51 = chance): the direction word is not read (BENCHMARKS.md, GPU checks).
 
 Run: ``python -m mmyatt.models.flow_pretrain OUT_DIR`` (see ``--help``).
 """
@@ -118,7 +128,7 @@ def pretrain_flow(
     out_dir: str | Path,
     *,
     kind: str = "sd3-image",
-    steps: int = 1500,
+    steps: int = 2500,
     batch_size: int = 16,
     lr: float = 1.5e-3,
     seed: int = 0,
@@ -312,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--kind", default="sd3-image", choices=["sd3-image", "flux-image", "wan-video"])
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
