@@ -31,6 +31,11 @@ RECIPES = {
         "sampling.denoise_steps=3",
         "sampling.eval_denoise_steps=3",
     ],
+    "flow_grpo_genrm_tiny.yaml": [  # starts the built-in judge server with the run
+        "data.synthetic_train_size=16",
+        "sampling.denoise_steps=3",
+        "sampling.eval_denoise_steps=3",
+    ],
     "vlm_grpo_image_tiny.yaml": [
         "data.synthetic_train_size=32",
         "sft.max_steps=2",
@@ -62,6 +67,8 @@ def test_recipe_runs_one_step(tmp_path, recipe):
     )
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval/reward/mean" in rows[0] and "eval/reward/mean" in rows[-1]
+    if recipe == "flow_grpo_genrm_tiny.yaml":  # the judged reward and its rule check
+        assert {"eval/reward/genrm", "eval/reward/prompt_alignment_rule"} <= set(rows[-1])
     assert any("reward/generated_mean" in r for r in rows)
     assert (run / "checkpoints" / "final").exists()
     assert list((run / "samples").iterdir())
