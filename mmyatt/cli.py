@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,7 +73,13 @@ def dispatch(args) -> int:
     if args.cmd == "_controller":
         from mmyatt.run import controller_main
 
-        return controller_main(args.config, [], args.run_dir)
+        rc = controller_main(args.config, [], args.run_dir)
+        # Everything is written and closed and the process group is destroyed: leave
+        # without interpreter teardown, where gloo's threads occasionally abort ("terminate
+        # called without an active exception") and turn a finished run into a failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     if args.cmd == "sft":
         from mmyatt.run import sft_command
 
