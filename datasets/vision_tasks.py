@@ -420,9 +420,7 @@ def train_judge(
     while True:
         name, make = stages[stage]
         if name == "judge":  # cosine from lr to lr / 10 over judge_steps, then flat
-            progress = min(1.0, (step - stage_start) / judge_steps)
-            for group in opt.param_groups:
-                group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+            _set_cosine_lr(opt, lr, min(1.0, (step - stage_start) / judge_steps))
         batch = make(1_000_000 * (seed + 1) + step)
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
@@ -469,6 +467,12 @@ def train_judge(
                 )
                 say(json.dumps({"test_image_side": side, **test[side]}))
     return {"best": best, "test": test, "history": history, "steps": step, "seconds": seconds}
+
+
+def _set_cosine_lr(opt, lr: float, progress: float) -> None:
+    """A cosine from ``lr`` (progress 0) to ``lr / 10`` (progress 1)."""
+    for group in opt.param_groups:
+        group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
 def _judge_corpus() -> list[str]:
@@ -553,13 +557,14 @@ def rule_judge_records(samples: list[dict], *, seed: int, threshold: float = 0.5
 def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict[str, float]:
     """How often the judge's Yes/No (P(Yes) > P(No)) matches the records' rule answers;
     also the Pearson correlation of P(Yes) with the rule score."""
+    from mmyatt.rewards.genrm import yes_probability
+
     p_yes: list[float] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         for top in policy.next_token_logprobs([_messages(r) for r in chunk], 20):
-            scores = {tok.strip(): lp for tok, lp in reversed(top)}
-            yes, no = scores.get("Yes", -1e9), scores.get("No", -1e9)
-            p_yes.append(1.0 / (1.0 + math.exp(max(-50.0, min(50.0, no - yes)))))
+            p = yes_probability(top, ("Yes", " Yes"), ("No", " No"))
+            p_yes.append(0.5 if p is None else p)  # neither answer among the top tokens
     p = np.array(p_yes)
     said = p > 0.5
     truth = np.array([r["answer"] == "Yes" for r in records])
@@ -644,9 +649,7 @@ def finetune_judge_on_generator(
     history = [start]
     model.train()
     for step in range(1, steps + 1):
-        progress = (step - 1) / max(1, steps - 1)
-        for group in opt.param_groups:
-            group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+        _set_cosine_lr(opt, lr, (step - 1) / max(1, steps - 1))
         picks = rng.choice(len(train_pool), size=n_gen, replace=False)
         batch = [train_pool[int(i)] for i in picks]
         batch += judge_training_mix(

@@ -47,10 +47,7 @@ def build_policy(m: ModelConfig, device: str | None = None):
             if m.lora.target_modules:
                 lora["target_modules"] = list(m.lora.target_modules)
             kw["lora"] = lora
-        policy = FlowPolicy.load(m.path, **kw)
-        policy.transformer.to(device)
-        policy.text_encoder.to(device)
-        return policy
+        return FlowPolicy.load(m.path, **kw).to(device)
     raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
 
 

@@ -304,17 +304,24 @@ def _judge_url(run: Path) -> str:
     return yaml.safe_load((run / "config.yaml").read_text())["reward"]["judge"]["urls"][0]
 
 
+def _kill_judges_after(tmp: Path, run: Path, job: list[str], step: int):
+    """Start the job, SIGKILL its judge servers once ``step`` is logged. Returns (the run's
+    process, the judges killed, the judge URL; both empty if the step never came)."""
+    proc = _start(tmp, run, job=job)
+    injected = _wait_for(_logged(run, step), proc)
+    victims = _judges(proc) if injected else []
+    url = _judge_url(run) if victims else ""
+    for p in victims:
+        p.kill()
+    return proc, victims, url
+
+
 def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
     """SIGKILL the judge server mid-run; the pool restarts it, clients retry."""
     from mmyatt.rewards.judge_pool import check_health
 
     run = tmp / "judge_crash"
-    proc = _start(tmp, run, job=job)
-    injected = _wait_for(_logged(run, 2), proc)
-    victims = _judges(proc) if injected else []
-    url = _judge_url(run) if victims else ""
-    for p in victims:
-        p.kill()
+    proc, victims, url = _kill_judges_after(tmp, run, job, 2)
     t_kill = time.perf_counter()
     down_s = None
     while victims and proc.poll() is None and time.perf_counter() - t_kill < 120:
@@ -336,12 +343,7 @@ def scenario_judge_gone(tmp: Path, ref: Path, job: list[str]) -> dict:
     last complete step and stops naming the judge URL; a rerun resumes from there."""
     run = tmp / "judge_gone"
     gone = [*job[:-1], "reward.judge.max_retries=3", "reward.judge.max_restarts=0"]
-    proc = _start(tmp, run, job=gone)
-    injected = _wait_for(_logged(run, 3), proc)
-    victims = _judges(proc) if injected else []
-    url = _judge_url(run) if victims else ""
-    for p in victims:
-        p.kill()
+    proc, victims, url = _kill_judges_after(tmp, run, gone, 3)
     rc_stop = _wait(proc)
     log = (tmp / "judge_gone.log").read_text(errors="replace")
     state = run / "checkpoints" / "state"

@@ -103,14 +103,19 @@ def test_dynamic_sampling_single_rank_refills(tmp_path):
     assert out["rollout/samples"] == 16
 
 
-def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overrides, steps, out):
+def _join(rank: int, world: int, store: str) -> Dist:
+    """This spawned rank's process group (gloo over a file store)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     # a file store, not a TCP port: other processes on a busy machine cannot steal it
     torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{tmp}/store-{port}", rank=rank, world_size=world
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world
     )
-    dist = init_from_env("gloo")
+    return init_from_env("gloo")
+
+
+def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overrides, steps, out):
+    dist = _join(rank, world, f"{tmp}/store-{port}")
     try:
         ctl = make_controller(Path(tmp), Path(manifest), dist, overrides)
         rows, local = [], []
@@ -196,12 +201,7 @@ def test_nonfinite_loss_is_never_applied(tmp_path):
 
 
 def _eval_rank_main(rank: int, world: int, tmp: str, manifest: str, out: str):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{tmp}/store-eval", rank=rank, world_size=world
-    )
-    dist = init_from_env("gloo")
+    dist = _join(rank, world, f"{tmp}/store-eval")
     try:
         # only rank 1 holds eval records (fewer eval prompts than controllers)
         recs = [{"prompt": "p", "answer": "2", "_index": i} for i in range(3)] if rank else []

@@ -9,7 +9,6 @@ adapter and the check.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -17,8 +16,7 @@ import test_flow_policy as flow_tests
 import test_text_policy as text_tests
 import test_vlm_policy as vlm_tests
 import torch
-from test_cli import ROOT, mmyatt
-from test_recipes import RECIPES, SMALL
+from test_recipes import run_recipe
 
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
@@ -71,22 +69,16 @@ class TestVLMPolicyOnCUDA(vlm_tests.TestVLMPolicyContract):
         return VLMPolicy.load(path, max_prompt_tokens=48, device=DEV)
 
 
-def _flow_to_cuda(policy):
-    policy.transformer.to(DEV)
-    policy.text_encoder.to(DEV)
-    return policy
-
-
 class TestFlowPolicyOnCUDA(flow_tests.TestFlowPolicyContract):
     def make_policy(self):
-        return _flow_to_cuda(super().make_policy())
+        return super().make_policy().to(DEV)
 
     def load_policy(self, path):
-        return _flow_to_cuda(super().load_policy(path))
+        return super().load_policy(path).to(DEV)
 
 
 def test_policies_really_on_cuda(tmp_path):
-    p = _flow_to_cuda(flow_tests._policy())
+    p = flow_tests._policy().to(DEV)
     assert p.device.type == DEV
     r = p.generate(
         [dict(x) for x in flow_tests.PROMPTS], 2, flow_tests.Sampling(denoise_steps=3), [1, 2]
@@ -98,18 +90,7 @@ def test_policies_really_on_cuda(tmp_path):
 
 @pytest.mark.parametrize("recipe", ["flow_grpo_tiny.yaml", "vlm_grpo_image_tiny.yaml"])
 def test_train_on_cuda(tmp_path, recipe):
-    run = tmp_path / "run"
-    mmyatt(
-        tmp_path,
-        "train",
-        str(ROOT / "configs" / recipe),
-        *[o for o in SMALL if not o.startswith("trainer.steps")],
-        "trainer.steps=3",
-        *RECIPES[recipe],
-        "--run-dir",
-        str(run),
-    )
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    run, rows = run_recipe(tmp_path, recipe, steps=3)
     assert len([r for r in rows if "reward/generated_mean" in r]) == 3
     # a step whose groups all have equal rewards has nothing to train (no train/loss)
     losses = [r["train/loss"] for r in rows if "train/loss" in r]

@@ -9,17 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_judge_server import YES_NO
 
 from mmyatt.rewards.judge_client import JudgeClient, JudgeUnavailableError
 from mmyatt.rewards.judge_pool import JudgePool, check_health
-
-YES_NO = {
-    "messages": [{"role": "user", "content": "Is it red? Answer Yes or No."}],
-    "max_tokens": 1,
-    "temperature": 0,
-    "logprobs": True,
-    "top_logprobs": 3,
-}
 
 
 @pytest.fixture(scope="module")
