@@ -142,6 +142,23 @@ def tensor_to_images(x: Tensor) -> list[Any]:
 # --------------------------------------------------------------------------------------
 # building a tiny model
 # --------------------------------------------------------------------------------------
+POSITION_PLANES = 3  # frame index, row, column
+
+
+def position_planes(x: Tensor) -> Tensor:
+    """(B, 3, F, H, W) planes of the frame index, row and column of a video batch
+    (B, C, F, H, W), each spanning [-1, 1] (0 for an axis of length 1), in x's dtype."""
+    b, _, f, h, w = x.shape
+
+    def axis(n: int) -> Tensor:
+        return torch.linspace(-1.0, 1.0, n, device=x.device) if n > 1 else torch.zeros(1, device=x.device)
+
+    planes = torch.stack(
+        torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij")
+    )  # (3, F, H, W)
+    return planes.to(x.dtype).unsqueeze(0).expand(b, -1, -1, -1, -1)
+
+
 def build_word_tokenizer(vocab: list[str], max_length: int = 12):
     """A word-level ``PreTrainedTokenizerFast``: lower-cased whitespace words, unknown
     words -> <unk>, every text wrapped as <bos> ... <eos> (the eos is CLIP's pooled token)."""
@@ -187,12 +204,15 @@ def build_tiny_flow_model(
     text_layers: int = 2,
     max_length: int = 12,
     shift: float = 3.0,
+    position_channels: bool = False,
 ) -> Path:
     """Write a randomly initialised tiny pixel-space flow model as a pipeline directory.
 
     ``kind``: "sd3-image" (SD3Transformer2DModel, default 32x32), "flux-image"
     (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
-    default ``num_frames`` x 16 x 16). Layout: transformer/, scheduler/, text_encoder/,
+    default ``num_frames`` x 16 x 16). ``position_channels`` (wan-video only): the
+    transformer takes 3 more input channels, planes of the frame index, row and column
+    in [-1, 1] that the policy appends to every input (see ``FlowPolicy``). Layout: transformer/, scheduler/, text_encoder/,
     tokenizer/, model_index.json (which class lives in each folder, plus an ``_mmyatt``
     entry with the pixel geometry). Returns the directory.
     """
@@ -207,6 +227,8 @@ def build_tiny_flow_model(
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {sorted(_KINDS)}, got {kind!r}")
     family = _KINDS[kind]
+    if position_channels and family != "wan":
+        raise ValueError("position_channels is for wan-video (SD3 and Flux embed positions)")
     if image_size is None:
         image_size = 16 if family == "wan" else 32
     if image_size % patch_size:
@@ -263,7 +285,7 @@ def build_tiny_flow_model(
             patch_size=(1, patch_size, patch_size),
             num_attention_heads=num_attention_heads,
             attention_head_dim=attention_head_dim,
-            in_channels=channels,
+            in_channels=channels + (POSITION_PLANES if position_channels else 0),
             out_channels=channels,
             text_dim=text_dim,
             freq_dim=64,
@@ -284,6 +306,7 @@ def build_tiny_flow_model(
         "num_frames": num_frames if family == "wan" else None,
         "patch_size": patch_size,
         "max_length": max_length,
+        "position_channels": bool(position_channels),
     }
     _write_model_index(out, transformer, text_encoder, geometry)
     return out
@@ -330,6 +353,12 @@ class FlowPolicy:
             which makes results batch-composition invariant (see the module docstring).
             None runs whole batches and gives up the exact first-update ratio.
         max_length: token length of prompts (default: the tokenizer's model_max_length).
+        position_channels: Wan only. The transformer's input is the sample plus 3 constant
+            planes (frame index, row, column, each in [-1, 1]); its in_channels must be
+            channels + 3. Wan sees positions only through RoPE, which is relative: a tiny
+            Wan cannot tell where in the frame or in the clip a token is, so it can draw
+            colours but not an object that starts on one side and moves to the other.
+            The planes give it absolute positions (the tiny video built-in uses them).
     """
 
     def __init__(
@@ -353,6 +382,7 @@ class FlowPolicy:
         scheduler_config: dict | None = None,
         embedded_guidance: float = 3.5,
         pipeline: dict | None = None,
+        position_channels: bool = False,
     ):
         name = type(transformer).__name__
         if name not in _TRANSFORMERS:
@@ -368,6 +398,15 @@ class FlowPolicy:
         self.family = _TRANSFORMERS[name]
         if (self.family == "wan") != (num_frames is not None):
             raise ValueError("num_frames is required for WanTransformer3DModel and only for it")
+        self.position_channels = bool(position_channels)
+        if self.position_channels:
+            want = channels + POSITION_PLANES
+            got = transformer.config.get("in_channels")
+            if self.family != "wan" or got != want:
+                raise ValueError(
+                    f"position_channels needs a WanTransformer3DModel with in_channels = "
+                    f"channels + {POSITION_PLANES} = {want}; got {name} with in_channels {got}"
+                )
         self.transformer = transformer
         if prompt_encoder is None and (text_encoder is None or tokenizer is None):
             raise ValueError("FlowPolicy needs text_encoder and tokenizer, or a prompt_encoder")
@@ -477,6 +516,7 @@ class FlowPolicy:
             "num_frames": geo.get("num_frames"),
             "patch_size": geo.get("patch_size", 2),
             "max_length": geo.get("max_length"),
+            "position_channels": bool(geo.get("position_channels", False)),
         }
         opts.update(kwargs)
         lora_file = root / LORA_WEIGHT_NAME
@@ -682,6 +722,8 @@ class FlowPolicy:
                 return_dict=False,
             )[0]
         if self.family == "wan":
+            if self.position_channels:
+                x = torch.cat([x, position_planes(x)], dim=1)
             return model(
                 hidden_states=x,
                 timestep=sigma * self._t_scale,
@@ -1076,6 +1118,7 @@ class FlowPolicy:
             "num_frames": self.num_frames,
             "patch_size": self.patch_size,
             "max_length": self.max_length,
+            "position_channels": self.position_channels,
         }
         _write_model_index(out, self.transformer, self.text_encoder, geometry)
 

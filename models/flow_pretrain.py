@@ -148,6 +148,7 @@ def pretrain_flow(
     device: str = "cpu",
     max_minutes: float | None = None,
     text_lr_scale: float = 1.0,
+    position_channels: bool | None = None,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -163,8 +164,11 @@ def pretrain_flow(
     model is saved and evaluated on the CPU either way. ``max_minutes`` stops training
     early (the schedule is still laid out over ``steps``; the steps actually taken are
     recorded as "steps_done"). ``text_lr_scale`` scales the text encoder's learning rate;
-    0 freezes it at its random init (see the module docstring for why video needs that).
+    0 freezes it at its random init. ``position_channels`` (video; default on for
+    wan-video): the transformer also reads frame/row/column planes (``FlowPolicy``).
     """
+    if position_channels is None:
+        position_channels = kind == "wan-video"
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     prev_threads = torch.get_num_threads()
@@ -192,6 +196,7 @@ def pretrain_flow(
             device=device,
             max_minutes=max_minutes,
             text_lr_scale=text_lr_scale,
+            position_channels=position_channels,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -220,6 +225,7 @@ def _train(
     device,
     max_minutes,
     text_lr_scale,
+    position_channels,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -234,6 +240,7 @@ def _train(
         num_layers=num_layers,
         num_attention_heads=num_attention_heads,
         attention_head_dim=attention_head_dim,
+        position_channels=position_channels,
     )
     policy = FlowPolicy.load(out)
     policy.transformer.to(device)
@@ -305,6 +312,7 @@ def _train(
         "steps": steps,
         "steps_done": done,
         "text_lr_scale": text_lr_scale,
+        "position_channels": position_channels,
         "device": str(device),
         "batch_size": batch_size,
         "params": n_params,
@@ -339,6 +347,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--text-lr-scale", type=float, default=1.0, help="text encoder lr / lr (0: frozen)"
     )
+    ap.add_argument(
+        "--position-channels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="video: frame/row/column input planes (default: on for wan-video)",
+    )
     a = ap.parse_args(argv)
     m = pretrain_flow(
         a.out_dir,
@@ -358,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         device=a.device,
         max_minutes=a.max_minutes,
         text_lr_scale=a.text_lr_scale,
+        position_channels=a.position_channels,
     )
     print(json.dumps(m, indent=2))
 

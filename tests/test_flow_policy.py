@@ -319,3 +319,44 @@ def test_pretrain_smoke(tmp_path):
     assert (tmp_path / "pt" / "pretrain_metrics.json").is_file()
     policy = FlowPolicy.load(tmp_path / "pt")
     assert policy.image_size == 16
+
+
+# --- position planes (tiny video built-in) --------------------------------------------------
+def test_position_planes_span_frames_rows_and_columns():
+    from mmyatt.models.flow import position_planes
+
+    p = position_planes(torch.zeros(2, 3, 4, 2, 3))
+    assert p.shape == (2, 3, 4, 2, 3)
+    assert torch.allclose(p[0, 0, :, 0, 0], torch.tensor([-1.0, -1 / 3, 1 / 3, 1.0]))  # frame
+    assert torch.equal(p[0, 1, 0, :, 0], torch.tensor([-1.0, 1.0]))  # row
+    assert torch.equal(p[1, 2, 3, 1, :], torch.tensor([-1.0, 0.0, 1.0]))  # column
+    assert torch.equal(position_planes(torch.zeros(1, 3, 1, 1, 1)), torch.zeros(1, 3, 1, 1, 1))
+
+
+def test_position_channels_reach_the_transformer_and_round_trip(tmp_path):
+    d = build_tiny_flow_model(
+        tmp_path / "m", kind="wan-video", vocab=VOCAB, image_size=8, num_frames=3,
+        num_layers=1, position_channels=True,
+    )
+    policy = FlowPolicy.load(d, lora=LORA)
+    assert policy.position_channels and policy.transformer.config.in_channels == 6
+    seen = []
+    hook = policy.transformer.patch_embedding.register_forward_hook(
+        lambda m, inp, out: seen.append(inp[0].detach())
+    )
+    r = policy.generate(PROMPTS[:1], 2, Sampling(denoise_steps=2), [1])
+    hook.remove()
+    assert seen and seen[0].shape[1] == 6
+    assert torch.equal(seen[0][:1, 3:], torch.stack(torch.meshgrid(
+        torch.linspace(-1, 1, 3), torch.linspace(-1, 1, 8), torch.linspace(-1, 1, 8),
+        indexing="ij"))[None])
+    with torch.no_grad():
+        assert torch.equal(policy.logprobs(r), r.logprobs)
+    policy.save(str(tmp_path / "saved"))
+    again = FlowPolicy.load(tmp_path / "saved")
+    assert again.position_channels
+    # the flag must match the transformer's input width
+    with pytest.raises(ValueError, match="in_channels"):
+        FlowPolicy.load(_model_dir("wan-video"), position_channels=True)
+    with pytest.raises(ValueError, match="wan-video"):
+        build_tiny_flow_model(tmp_path / "x", kind="sd3-image", vocab=VOCAB, position_channels=True)
