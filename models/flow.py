@@ -151,11 +151,13 @@ def position_planes(x: Tensor) -> Tensor:
     b, _, f, h, w = x.shape
 
     def axis(n: int) -> Tensor:
-        return torch.linspace(-1.0, 1.0, n, device=x.device) if n > 1 else torch.zeros(1, device=x.device)
+        return (
+            torch.linspace(-1.0, 1.0, n, device=x.device)
+            if n > 1
+            else torch.zeros(1, device=x.device)
+        )
 
-    planes = torch.stack(
-        torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij")
-    )  # (3, F, H, W)
+    planes = torch.stack(torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij"))  # (3, F, H, W)
     return planes.to(x.dtype).unsqueeze(0).expand(b, -1, -1, -1, -1)
 
 

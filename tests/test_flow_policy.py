@@ -335,8 +335,13 @@ def test_position_planes_span_frames_rows_and_columns():
 
 def test_position_channels_reach_the_transformer_and_round_trip(tmp_path):
     d = build_tiny_flow_model(
-        tmp_path / "m", kind="wan-video", vocab=VOCAB, image_size=8, num_frames=3,
-        num_layers=1, position_channels=True,
+        tmp_path / "m",
+        kind="wan-video",
+        vocab=VOCAB,
+        image_size=8,
+        num_frames=3,
+        num_layers=1,
+        position_channels=True,
     )
     policy = FlowPolicy.load(d, lora=LORA)
     assert policy.position_channels and policy.transformer.config.in_channels == 6
@@ -347,9 +352,17 @@ def test_position_channels_reach_the_transformer_and_round_trip(tmp_path):
     r = policy.generate(PROMPTS[:1], 2, Sampling(denoise_steps=2), [1])
     hook.remove()
     assert seen and seen[0].shape[1] == 6
-    assert torch.equal(seen[0][:1, 3:], torch.stack(torch.meshgrid(
-        torch.linspace(-1, 1, 3), torch.linspace(-1, 1, 8), torch.linspace(-1, 1, 8),
-        indexing="ij"))[None])
+    assert torch.equal(
+        seen[0][:1, 3:],
+        torch.stack(
+            torch.meshgrid(
+                torch.linspace(-1, 1, 3),
+                torch.linspace(-1, 1, 8),
+                torch.linspace(-1, 1, 8),
+                indexing="ij",
+            )
+        )[None],
+    )
     with torch.no_grad():
         assert torch.equal(policy.logprobs(r), r.logprobs)
     policy.save(str(tmp_path / "saved"))
