@@ -601,10 +601,10 @@ def finetune_judge_on_generator(
     generator's blobby samples barely above chance, and RL against it finds textures it
     likes (reward hacking). ``generator_dir`` may list several flow models (e.g. the base
     and a policy already trained against an earlier judge, whose samples show what RL
-    drifts towards); the pool is split evenly between them. Each batch mixes ``generated_fraction`` rule-labelled
-    questions about images from a pool of ``pool`` generator samples
-    (:func:`generator_samples`, :func:`rule_judge_records`) with the clean judge mix
-    (:func:`judge_training_mix`) so the clean skills stay. AdamW at ``lr`` with a cosine
+    drifts towards); the pool is split evenly between them. Each batch mixes
+    ``generated_fraction`` rule-labelled questions about images from a pool of ``pool``
+    generator samples (:func:`generator_samples`, :func:`rule_judge_records`) with the
+    clean judge mix (:func:`judge_training_mix`) so the clean skills stay. AdamW at ``lr`` with a cosine
     to ``lr / 10``; every ``eval_every`` steps: rule agreement on ``n_eval`` questions
     about held-out generator samples (their own seed) and clean held-out accuracy; the
     checkpoint with the best agreement whose clean accuracy stays >= 0.95 is saved to

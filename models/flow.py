@@ -214,8 +214,8 @@ def build_tiny_flow_model(
     (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
     default ``num_frames`` x 16 x 16). ``position_channels`` (wan-video only): the
     transformer takes 3 more input channels, planes of the frame index, row and column
-    in [-1, 1] that the policy appends to every input (see ``FlowPolicy``). Layout: transformer/, scheduler/, text_encoder/,
-    tokenizer/, model_index.json (which class lives in each folder, plus an ``_mmyatt``
+    in [-1, 1] that the policy appends to every input (see ``FlowPolicy``). Layout:
+    transformer/, scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each folder, plus an ``_mmyatt``
     entry with the pixel geometry). Returns the directory.
     """
     from diffusers import (
@@ -357,10 +357,11 @@ class FlowPolicy:
         max_length: token length of prompts (default: the tokenizer's model_max_length).
         position_channels: Wan only. The transformer's input is the sample plus 3 constant
             planes (frame index, row, column, each in [-1, 1]); its in_channels must be
-            channels + 3. Wan sees positions only through RoPE, which is relative: a tiny
-            Wan cannot tell where in the frame or in the clip a token is, so it can draw
-            colours but not an object that starts on one side and moves to the other.
-            The planes give it absolute positions (the tiny video built-in uses them).
+            channels + 3. Wan sees positions only through RoPE, which is relative; the
+            planes give a tiny Wan absolute positions in the frame and the clip. Opt-in
+            (``flow_pretrain --position-channels``): the committed ``builtin:tiny_t2v``
+            does not use them, and on the CPU they did not teach the tiny model to follow
+            the direction word (BENCHMARKS.md, video demo).
     """
 
     def __init__(
