@@ -142,12 +142,19 @@ def tensor_to_images(x: Tensor) -> list[Any]:
 # --------------------------------------------------------------------------------------
 # building a tiny model
 # --------------------------------------------------------------------------------------
-POSITION_PLANES = 3  # frame index, row, column
+POSITION_PLANES = 5  # frame index, row, column, frame x row, frame x column
 
 
 def position_planes(x: Tensor) -> Tensor:
-    """(B, 3, F, H, W) planes of the frame index, row and column of a video batch
-    (B, C, F, H, W), each spanning [-1, 1] (0 for an axis of length 1), in x's dtype."""
+    """(B, 5, F, H, W) position planes of a video batch (B, C, F, H, W), in x's dtype: the
+    frame index, row and column, each spanning [-1, 1] (0 for an axis of length 1), then
+    frame x row and frame x column.
+
+    The products make motion a two-way interaction: the mean clip of "moving right" is
+    brighter where frame x column is positive, so the model needs only to pair the
+    direction word with one input plane (as it pairs a colour word with a colour
+    channel). With the first three planes alone, direction, frame and column must be
+    combined three ways, and the tiny Wan model never learned it (BENCHMARKS.md)."""
     b, _, f, h, w = x.shape
 
     def axis(n: int) -> Tensor:
@@ -157,7 +164,8 @@ def position_planes(x: Tensor) -> Tensor:
             else torch.zeros(1, device=x.device)
         )
 
-    planes = torch.stack(torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij"))  # (3, F, H, W)
+    fr, row, col = torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij")
+    planes = torch.stack([fr, row, col, fr * row, fr * col])  # (5, F, H, W)
     return planes.to(x.dtype).unsqueeze(0).expand(b, -1, -1, -1, -1)
 
 
@@ -213,8 +221,8 @@ def build_tiny_flow_model(
     ``kind``: "sd3-image" (SD3Transformer2DModel, default 32x32), "flux-image"
     (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
     default ``num_frames`` x 16 x 16). ``position_channels`` (wan-video only): the
-    transformer takes 3 more input channels, planes of the frame index, row and column
-    in [-1, 1] that the policy appends to every input (see ``FlowPolicy``). Layout:
+    transformer takes 5 more input channels, the position planes that the policy appends
+    to every input (``position_planes``, ``FlowPolicy``). Layout:
     transformer/, scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each folder, plus an ``_mmyatt``
     entry with the pixel geometry). Returns the directory.
     """
@@ -355,13 +363,13 @@ class FlowPolicy:
             which makes results batch-composition invariant (see the module docstring).
             None runs whole batches and gives up the exact first-update ratio.
         max_length: token length of prompts (default: the tokenizer's model_max_length).
-        position_channels: Wan only. The transformer's input is the sample plus 3 constant
-            planes (frame index, row, column, each in [-1, 1]); its in_channels must be
-            channels + 3. Wan sees positions only through RoPE, which is relative; the
-            planes give a tiny Wan absolute positions in the frame and the clip. Opt-in
-            (``flow_pretrain --position-channels``): the committed ``builtin:tiny_t2v``
-            does not use them, and on the CPU they did not teach the tiny model to follow
-            the direction word (BENCHMARKS.md, video demo).
+        position_channels: Wan only. The transformer's input is the sample plus 5 constant
+            planes (``position_planes``: frame index, row, column in [-1, 1], frame x row,
+            frame x column); its in_channels must be channels + 5. Wan sees positions only
+            through RoPE, which is relative; the planes give a tiny Wan absolute
+            positions, and the products make "moving right" a pairing of the direction
+            word with one plane. Without them the tiny model never followed the
+            direction word (BENCHMARKS.md, video demo).
     """
 
     def __init__(

@@ -28,17 +28,26 @@ Uniform t instead of logit-normal (4000 steps) reached 0.61. Other measured
 alternatives: 2x2 patches (0.58M params, batch 32, 500 steps, 6 min) and 4x4 patches at
 batch 32 (1000-1500 steps) stayed at chance on shape (alignment ~0.29).
 
-Video (wan-video, 8 x 16 x 16 frames, 4x4 patches, 0.54M params): 1500 steps in ~9 min
-on the CPU learn the colour (0.95) but not the motion; on a GPU (``--device cuda``),
-5000 steps at batch 32, 6 layers, a frozen text encoder (``--text-lr-scale 0``) or
-uniform t all draw moving objects but in random directions (``motion_direction``
-0.45-0.51 = chance): the direction word is not read (BENCHMARKS.md, GPU checks).
-Absolute positions (``--position-channels``: frame/row/column planes, since Wan's RoPE is
-relative) did not change that on the CPU: 5000 steps (uniform t, text encoder trained or
-frozen) give colour 0.98-0.99 and shape 0.40-0.51 but motion 0.49-0.51, and the
-flow-matching loss with the opposite direction in the caption equals the loss with the
-right one to 4 decimals at t = 0.3-0.95, although the direction changes the data's mean
-(at t = 1 the x0 variance left is 0.041 given the direction, 0.054 without).
+Video (wan-video, 8 x 16 x 16 frames, 4x4 patches, 0.55M params). The direction word
+is only learned with ``--position-channels`` (frame/row/column planes and the products
+frame x row, frame x column as extra inputs; ``FlowPolicy``) and a frozen text encoder
+(``--text-lr-scale 0``; trained jointly, the encoder collapses "left" and "right").
+Without the product planes, following the direction is a three-way interaction
+(direction x frame x column) that no run learned (CPU and GPU, up to 5000 steps:
+``motion_direction`` 0.45-0.51 = chance); with them it is a two-way one, like a colour
+word and a colour channel. The built-in ``builtin:tiny_t2v`` is the snapshot after 3000
+of 6500 steps of::
+
+    python -m mmyatt.models.flow_pretrain OUT --kind wan-video --position-channels \
+        --text-lr-scale 0 --device cuda --batch-size 32 --steps 6500 --snapshots 1500,3000,4500
+
+(one H200, 2.6 min to step 3000; at the CPU's measured batch-16 step time that is
+about 35 minutes on one thread, not run). ODE
+``motion_direction`` at CFG 1: 0.49 after 1500 steps, 0.71 after 3000, 0.87 after 4500,
+0.93 after 6500: the 3000-step snapshot leaves RL room to climb, the 1500-step one gives
+RL nothing to start from (BENCHMARKS.md, video demo). With the product planes but the
+text encoder trained jointly (4 or 6 layers, logit-normal or uniform t, batch 16 or 32,
+6.4 GPU minutes each) ``motion_direction`` stayed at 0.47-0.54.
 
 Run: ``python -m mmyatt.models.flow_pretrain OUT_DIR`` (see ``--help``).
 """
@@ -155,6 +164,7 @@ def pretrain_flow(
     max_minutes: float | None = None,
     text_lr_scale: float = 1.0,
     position_channels: bool = False,
+    snapshots: tuple[int, ...] = (),
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -171,7 +181,9 @@ def pretrain_flow(
     early (the schedule is still laid out over ``steps``; the steps actually taken are
     recorded as "steps_done"). ``text_lr_scale`` scales the text encoder's learning rate;
     0 freezes it at its random init. ``position_channels`` (wan-video only): the
-    transformer also reads frame/row/column planes (``FlowPolicy``).
+    transformer also reads frame/row/column planes and their frame products
+    (``FlowPolicy``). ``snapshots``: after each of these step counts the pipeline is also
+    saved to ``out_dir/step{N}`` (to pick a base with room left for RL).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -201,6 +213,7 @@ def pretrain_flow(
             max_minutes=max_minutes,
             text_lr_scale=text_lr_scale,
             position_channels=position_channels,
+            snapshots=tuple(snapshots),
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -230,6 +243,7 @@ def _train(
     max_minutes,
     text_lr_scale,
     position_channels,
+    snapshots,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -293,6 +307,9 @@ def _train(
         recent.append(float(loss.detach()))
         recent = recent[-log_every:]
         done = step + 1
+        if done in snapshots:
+            _save_on_cpu(policy, out / f"step{done}", device)
+            print(f"snapshot saved: {out / f'step{done}'}", flush=True)
         if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
             print(
                 f"step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
@@ -330,6 +347,15 @@ def _train(
     return metrics
 
 
+def _save_on_cpu(policy: FlowPolicy, path: Path, device: str) -> None:
+    """Save the pipeline from the CPU and move the weights back to ``device``."""
+    policy.transformer.to("cpu")
+    policy.text_encoder.to("cpu")
+    policy.save(str(path))
+    policy.transformer.to(device)
+    policy.text_encoder.to(device)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
@@ -354,7 +380,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--position-channels",
         action="store_true",
-        help="wan-video: frame/row/column input planes (FlowPolicy position_channels)",
+        help="wan-video: frame/row/column planes and frame x row, frame x column as inputs "
+        "(FlowPolicy position_channels)",
+    )
+    ap.add_argument(
+        "--snapshots",
+        default="",
+        help="comma-separated step counts after which the pipeline is also saved to OUT/stepN",
     )
     a = ap.parse_args(argv)
     m = pretrain_flow(
@@ -376,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
         max_minutes=a.max_minutes,
         text_lr_scale=a.text_lr_scale,
         position_channels=a.position_channels,
+        snapshots=tuple(int(x) for x in a.snapshots.split(",") if x.strip()),
     )
     print(json.dumps(m, indent=2))
 
