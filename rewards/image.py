@@ -231,7 +231,10 @@ def _open(mask: np.ndarray) -> np.ndarray:
 def classify_shape(img: Image.Image) -> str | None:
     """ "circle", "square" or "triangle" for the dominant foreground blob, by the fraction
     of its bounding box it fills (square ~1, circle ~pi/4, triangle ~1/2) after a 3x3
-    opening; None if nothing (or under 1% of the image) is drawn."""
+    opening; None if nothing (or under 1% of the image) is drawn, or if the blob touches
+    the edge of the image: a shape cut off by the frame is not a whole shape, and a
+    colour filling the frame would otherwise pass as a square (a policy trained on this
+    rule learned exactly that)."""
     mask = foreground_mask(_small(img))
     opened = _open(mask)
     blob = _largest_blob(opened if opened.any() else mask)  # tiny shapes vanish when opened
@@ -239,6 +242,9 @@ def classify_shape(img: Image.Image) -> str | None:
     if area < _MIN_FOREGROUND * blob.size or area < 4:
         return None
     ys, xs = np.nonzero(blob)
+    h, w = blob.shape
+    if ys.min() == 0 or xs.min() == 0 or ys.max() == h - 1 or xs.max() == w - 1:
+        return None
     fill = area / float((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
     if fill >= _SQUARE_ABOVE:
         return "square"

@@ -62,6 +62,19 @@ def test_shape_rule_accuracy(size):
     assert classify_shape(Image.new("RGB", (32, 32), (24, 24, 32))) is None
 
 
+def test_shapes_cut_off_by_the_frame_are_not_shapes():
+    dark = (24, 24, 32)
+    full = Image.new("RGB", (32, 32), (230, 40, 40))  # a colour filling the frame
+    assert classify_shape(full) is None
+    assert prompt_alignment_rule(full, {"prompt": "a red square"}) == 0.0
+    inside = Image.new("RGB", (32, 32), dark)
+    inside.paste((230, 40, 40), (6, 6, 26, 26))  # a square clear of the edges
+    assert classify_shape(inside) == "square"
+    edge = Image.new("RGB", (32, 32), dark)
+    edge.paste((230, 40, 40), (0, 6, 20, 26))  # touching the left edge
+    assert classify_shape(edge) is None
+
+
 def test_prompt_alignment_rule():
     img = draw_shape("yellow", "square", rng=1)
     assert prompt_alignment_rule(img, {"prompt": "a yellow square"}) > 0.95
