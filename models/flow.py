@@ -222,9 +222,9 @@ def build_tiny_flow_model(
     (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
     default ``num_frames`` x 16 x 16). ``position_channels`` (wan-video only): the
     transformer takes 5 more input channels, the position planes that the policy appends
-    to every input (``position_planes``, ``FlowPolicy``). Layout:
-    transformer/, scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each folder, plus an ``_mmyatt``
-    entry with the pixel geometry). Returns the directory.
+    to every input (``position_planes``, ``FlowPolicy``). Layout: transformer/,
+    scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each
+    folder, plus an ``_mmyatt`` entry with the pixel geometry). Returns the directory.
     """
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,

@@ -373,19 +373,20 @@ def test_position_channels_reach_the_transformer_and_round_trip(tmp_path):
 
 def test_builtin_video_model_follows_the_direction_word():
     """The committed tiny_t2v moves the object the way the prompt says more often than not
-    (chance = 0.5: a model that ignores the direction word scores 0.50 here), which the
-    video demo's RL needs as a start. Same seeds for every prompt, so the only thing that
-    differs between a prompt and its opposite is the direction word."""
+    (chance = 0.5: the earlier built-in, which ignored the direction word, scored 0.50 on
+    its motion check), which the video demo's RL needs as a start. Fixed seeds, ODE
+    sampling: the result is deterministic."""
     from mmyatt.builders import resolve_builtin
+    from mmyatt.datasets.shapes import DIRECTIONS
     from mmyatt.rewards.image import motion_direction
 
     policy = FlowPolicy.load(resolve_builtin("builtin:tiny_t2v"))
     assert policy.position_channels
-    opposite = {"left": "right", "right": "left", "up": "down", "down": "up"}
+    assert list(DIRECTIONS) == ["left", "right", "up", "down"]
     recs = [
         {"id": f"{c}-{d}", "prompt": f"a {c} circle moving {d}", "direction": d}
         for c in ("red", "blue")
-        for d in opposite
+        for d in DIRECTIONS
     ]
     seeds = [11, 12, 13, 14] * 2
     with torch.no_grad():
