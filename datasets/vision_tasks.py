@@ -294,8 +294,12 @@ def judge_accuracy(
 ) -> dict[str, Any]:
     """Held-out Yes/No accuracy of ``policy`` (a :class:`~mmyatt.models.vlm.VLMPolicy`)
     reading P(Yes) vs P(No) of the first answer token (``next_token_logprobs``), overall,
-    on positives and per negative type (``reject_<type>`` = rejection rate)."""
+    on positives and per negative type (``reject_<type>`` = rejection rate); and, as a
+    reward model is read, the mean P(Yes) / (P(Yes) + P(No)) on the positives of each
+    shape (``p_yes_<shape>``): a judge can accept every square and still pay little for
+    one."""
     correct: dict[str, list[bool]] = {"positive": [], **{t: [] for t in NEGATIVE_TYPES}}
+    p_yes: dict[str, list[float]] = {s: [] for s in SHAPES}
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         tops = policy.next_token_logprobs([_messages(r) for r in chunk], top_k)
@@ -305,6 +309,8 @@ def judge_accuracy(
             said_yes = yes > no
             key = rec["negative_type"] or "positive"
             correct[key].append(said_yes == (rec["answer"] == "Yes"))
+            if key == "positive" and np.isfinite(max(yes, no)):
+                p_yes[rec["shape"]].append(float(1.0 / (1.0 + np.exp(no - yes))))
     every = [c for v in correct.values() for c in v]
     out: dict[str, Any] = {
         "accuracy": float(np.mean(every)) if every else float("nan"),
@@ -315,6 +321,8 @@ def judge_accuracy(
     )
     for t in NEGATIVE_TYPES:
         out[f"reject_{t}"] = float(np.mean(correct[t])) if correct[t] else float("nan")
+    for shape, ps in p_yes.items():
+        out[f"p_yes_{shape}"] = float(np.mean(ps)) if ps else float("nan")
     return out
 
 
@@ -520,21 +528,38 @@ def generator_samples(
     return out
 
 
-def rule_judge_records(samples: list[dict], *, seed: int, threshold: float = 0.5) -> list[dict]:
+def rule_judge_records(
+    samples: list[dict],
+    *,
+    seed: int,
+    threshold: float = 0.5,
+    ambiguous: tuple[float, float] | None = None,
+) -> list[dict]:
     """Two judge questions per generated image, answered by the rule check
     (:func:`mmyatt.rewards.image.prompt_alignment_rule` >= ``threshold`` -> "Yes"): the
     image's own caption, and another claim (same colour and another shape half of the
     time, another colour a quarter, both the rest). The rule's verdict, not the caption,
-    is the label: a square drawn as a blob is not a square."""
-    from mmyatt.rewards.image import prompt_alignment_rule
+    is the label: a square drawn as a blob is not a square.
 
+    ``ambiguous`` = (lo, hi) leaves out images whose blob fill
+    (:func:`mmyatt.rewards.image.shape_fill`) lies in [lo, hi): the band around the
+    rule's square/circle boundary (0.89) where a ragged square and a round blob overlap,
+    so the rule's verdict there is a coin the judge should not be taught."""
+    from mmyatt.rewards.image import prompt_alignment_rule, shape_fill
+
+    if ambiguous is not None and not ambiguous[0] < ambiguous[1]:
+        raise ValueError(f"ambiguous must be (lo, hi) with lo < hi, got {ambiguous}")
     rng = np.random.default_rng([seed, 6])
     colours = list(COLOURS)
     out = []
     for i, s in enumerate(samples):
-        u = rng.random()
+        u = rng.random()  # drawn for every sample, so the claims do not depend on the band
         other_colour = _other(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
         other_shape = _other(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
+        if ambiguous is not None:
+            fill = shape_fill(s["image"])
+            if fill is not None and ambiguous[0] <= fill < ambiguous[1]:
+                continue
         for j, (colour, shape) in enumerate(
             ((s["colour"], s["shape"]), (other_colour, other_shape))
         ):
@@ -593,6 +618,7 @@ def finetune_judge_on_generator(
     n_eval: int = 600,
     eval_every: int = 100,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
+    ambiguous: tuple[float, float] | None = None,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune a Yes/No judge on the generator's own samples, labelled by the rule.
@@ -604,7 +630,9 @@ def finetune_judge_on_generator(
     drifts towards); the pool is split evenly between them. Each batch mixes
     ``generated_fraction`` rule-labelled questions about images from a pool of ``pool``
     generator samples (:func:`generator_samples`, :func:`rule_judge_records`) with the
-    clean judge mix (:func:`judge_training_mix`) so the clean skills stay. AdamW at ``lr`` with a cosine
+    clean judge mix (:func:`judge_training_mix`, image sides from ``sizes``) so the clean
+    skills stay; ``ambiguous`` leaves out of the pool (not the held-out set) the images
+    whose blob fill is in that band (:func:`rule_judge_records`). AdamW at ``lr`` with a cosine
     to ``lr / 10``; every ``eval_every`` steps: rule agreement on ``n_eval`` questions
     about held-out generator samples (their own seed) and clean held-out accuracy; the
     checkpoint with the best agreement whose clean accuracy stays >= 0.95 is saved to
@@ -623,7 +651,9 @@ def finetune_judge_on_generator(
     for k, gen in enumerate(gens):  # the pool and the held-out set split evenly
         s_train, s_held = seed + 1000 * k, 50_000 + seed + 1000 * k
         n_k, h_k = pool // len(gens), (n_eval // 2) // len(gens)
-        train_pool += rule_judge_records(generator_samples(gen, n_k, seed=s_train), seed=s_train)
+        train_pool += rule_judge_records(
+            generator_samples(gen, n_k, seed=s_train), seed=s_train, ambiguous=ambiguous
+        )
         held += rule_judge_records(generator_samples(gen, h_k, seed=s_held), seed=s_held)
     clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
     yes = np.mean([r["answer"] == "Yes" for r in train_pool])

@@ -38,6 +38,7 @@ __all__ = [
     "load_scorer",
     "motion_direction",
     "prompt_alignment_rule",
+    "shape_fill",
     "shape_match",
 ]
 
@@ -235,6 +236,17 @@ def classify_shape(img: Image.Image) -> str | None:
     the edge of the image: a shape cut off by the frame is not a whole shape, and a
     colour filling the frame would otherwise pass as a square (a policy trained on this
     rule learned exactly that)."""
+    fill = shape_fill(img)
+    if fill is None:
+        return None
+    if fill >= _SQUARE_ABOVE:
+        return "square"
+    return "circle" if fill >= _TRIANGLE_BELOW else "triangle"
+
+
+def shape_fill(img: Image.Image) -> float | None:
+    """The fraction of its bounding box that the dominant foreground blob fills, after a
+    3x3 opening: what :func:`classify_shape` thresholds. None where it returns None."""
     mask = foreground_mask(_small(img))
     opened = _open(mask)
     blob = _largest_blob(opened if opened.any() else mask)  # tiny shapes vanish when opened
@@ -245,10 +257,7 @@ def classify_shape(img: Image.Image) -> str | None:
     h, w = blob.shape
     if ys.min() == 0 or xs.min() == 0 or ys.max() == h - 1 or xs.max() == w - 1:
         return None
-    fill = area / float((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
-    if fill >= _SQUARE_ABOVE:
-        return "square"
-    return "circle" if fill >= _TRIANGLE_BELOW else "triangle"
+    return area / float((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
 
 
 def shape_match(output: Output, record: dict) -> float:

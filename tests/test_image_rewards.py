@@ -20,6 +20,7 @@ from mmyatt.rewards.image import (
     load_scorer,
     motion_direction,
     prompt_alignment_rule,
+    shape_fill,
     shape_match,
 )
 
@@ -73,6 +74,22 @@ def test_shapes_cut_off_by_the_frame_are_not_shapes():
     edge = Image.new("RGB", (32, 32), dark)
     edge.paste((230, 40, 40), (0, 6, 20, 26))  # touching the left edge
     assert classify_shape(edge) is None
+
+
+def test_shape_fill_is_what_classify_shape_thresholds():
+    dark = (24, 24, 32)
+    square = Image.new("RGB", (32, 32), dark)
+    square.paste((230, 40, 40), (6, 6, 26, 26))  # 20 x 20; the 3x3 opening cuts 4 corners
+    assert shape_fill(square) == pytest.approx((400 - 4) / 400)
+    # an L: a 12 x 12 square with its 6 x 6 top-right quarter missing fills 3/4 of its box
+    ell = Image.new("RGB", (32, 32), dark)
+    ell.paste((40, 200, 40), (8, 14, 20, 20))
+    ell.paste((40, 200, 40), (8, 8, 14, 14))
+    # the opening takes the pixel at each convex corner: 4 of the square, 5 of the L
+    assert shape_fill(ell) == pytest.approx((144 - 36 - 5) / 144)
+    assert classify_shape(ell) == "circle"  # 0.715: between the triangle and square bounds
+    assert shape_fill(Image.new("RGB", (32, 32), dark)) is None
+    assert shape_fill(Image.new("RGB", (32, 32), (230, 40, 40))) is None  # touches the edge
 
 
 def test_prompt_alignment_rule():

@@ -6,6 +6,7 @@ import collections
 import json
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from mmyatt.datasets.media import load_image, load_video
@@ -147,6 +148,24 @@ def test_rule_judge_records_take_the_rules_verdict():
     assert r[0]["answer"] == "No"
 
 
+def test_rule_judge_records_leave_out_the_ambiguous_band():
+    from mmyatt.rewards.image import shape_fill
+
+    drawn = _drawn(12)
+    fills = [shape_fill(s["image"]) for s in drawn]
+    band = (0.7, 0.9)  # clean circles (~0.8) fall in it; squares (~1) and triangles (~0.5) not
+    kept = [i for i, f in enumerate(fills) if not band[0] <= f < band[1]]
+    assert {drawn[i]["shape"] for i in kept} == {"square", "triangle"} and len(kept) == 8
+    recs = rule_judge_records(drawn, seed=1, ambiguous=band)
+    assert [r["id"] for r in recs] == [f"g1-{i}-{j}" for i in kept for j in (0, 1)]
+    # the claims and answers of the images kept are those of the unfiltered records
+    every = {r["id"]: r for r in rule_judge_records(drawn, seed=1)}
+    assert all(r["prompt"] == every[r["id"]]["prompt"] for r in recs)
+    assert all(r["answer"] == every[r["id"]]["answer"] for r in recs)
+    with pytest.raises(ValueError, match="ambiguous"):
+        rule_judge_records(drawn, seed=1, ambiguous=(0.9, 0.7))
+
+
 class _FixedJudge:
     """Says P(Yes) = p for every request (a stand-in for VLMPolicy.next_token_logprobs)."""
 
@@ -168,6 +187,20 @@ def test_rule_agreement_counts_matches_and_correlation():
     assert m["agreement"] == 6 / 8
     assert m["accept_rule_yes"] == 3 / 4 and m["reject_rule_no"] == 3 / 4
     assert m["n"] == 8 and 0 < m["corr_rule"] <= 1
+
+
+def test_judge_accuracy_reports_what_it_pays_per_shape():
+    from mmyatt.datasets.vision_tasks import judge_accuracy
+
+    recs = judge_records(60, seed=3, sizes=(32,))
+    pos = [r for r in recs if r["answer"] == "Yes"]
+    # P(Yes) = 0.6 for positive squares, 0.9 for other positives, 0.2 for every negative
+    ps = [(0.6 if r["shape"] == "square" else 0.9) if r["answer"] == "Yes" else 0.2 for r in recs]
+    m = judge_accuracy(_FixedJudge(ps), recs, batch_size=7)
+    assert m["accuracy"] == 1.0 and m["accept_positive"] == 1.0
+    assert {r["shape"] for r in pos} == {"circle", "square", "triangle"}
+    assert m["p_yes_square"] == pytest.approx(0.6)
+    assert m["p_yes_circle"] == pytest.approx(0.9) and m["p_yes_triangle"] == pytest.approx(0.9)
 
 
 def test_generator_samples_draw_from_the_flow_model():
