@@ -631,8 +631,9 @@ def finetune_judge_on_generator(
     ``generated_fraction`` rule-labelled questions about images from a pool of ``pool``
     generator samples (:func:`generator_samples`, :func:`rule_judge_records`) with the
     clean judge mix (:func:`judge_training_mix`, image sides from ``sizes``) so the clean
-    skills stay; ``ambiguous`` leaves out of the pool (not the held-out set) the images
-    whose blob fill is in that band (:func:`rule_judge_records`). AdamW at ``lr`` with a cosine
+    skills stay; ``ambiguous`` leaves out of the pool and the held-out set the images
+    whose blob fill is in that band (:func:`rule_judge_records`): the judge is taught, and
+    selected on, the rule's verdicts where the rule is reliable. AdamW at ``lr`` with a cosine
     to ``lr / 10``; every ``eval_every`` steps: rule agreement on ``n_eval`` questions
     about held-out generator samples (their own seed) and clean held-out accuracy; the
     checkpoint with the best agreement whose clean accuracy stays >= 0.95 is saved to
@@ -654,7 +655,9 @@ def finetune_judge_on_generator(
         train_pool += rule_judge_records(
             generator_samples(gen, n_k, seed=s_train), seed=s_train, ambiguous=ambiguous
         )
-        held += rule_judge_records(generator_samples(gen, h_k, seed=s_held), seed=s_held)
+        held += rule_judge_records(
+            generator_samples(gen, h_k, seed=s_held), seed=s_held, ambiguous=ambiguous
+        )
     clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
     yes = np.mean([r["answer"] == "Yes" for r in train_pool])
     say(f"pool: {len(train_pool)} questions, {yes:.2f} answered Yes by the rule")
