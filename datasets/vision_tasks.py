@@ -41,6 +41,8 @@ COLOUR_QUESTION = "What colour is the shape?"
 SHAPE_QUESTION = "What shape is it?"
 MOTION_QUESTION = "Which way does the square move? Answer left or right."
 JUDGE_QUESTION = "Does this image show a {colour} {shape}? Answer Yes or No."
+# the first-token spellings of the judge's answers that P(Yes) is summed over
+JUDGE_YES, JUDGE_NO = ("Yes", " Yes"), ("No", " No")
 NEGATIVE_TYPES = ("colour", "shape", "both")
 COLOUR_CHECK = "Is the shape {colour}? Answer Yes or No."
 SHAPE_CHECK = "Is it a {shape}? Answer Yes or No."
@@ -298,6 +300,8 @@ def judge_accuracy(
     reward model is read, the mean P(Yes) / (P(Yes) + P(No)) on the positives of each
     shape (``p_yes_<shape>``): a judge can accept every square and still pay little for
     one."""
+    from mmyatt.rewards.genrm import yes_probability
+
     correct: dict[str, list[bool]] = {"positive": [], **{t: [] for t in NEGATIVE_TYPES}}
     p_yes: dict[str, list[float]] = {s: [] for s in SHAPES}
     for start in range(0, len(records), batch_size):
@@ -309,8 +313,8 @@ def judge_accuracy(
             said_yes = yes > no
             key = rec["negative_type"] or "positive"
             correct[key].append(said_yes == (rec["answer"] == "Yes"))
-            if key == "positive" and np.isfinite(max(yes, no)):
-                p_yes[rec["shape"]].append(float(1.0 / (1.0 + np.exp(no - yes))))
+            if key == "positive" and (p := yes_probability(top, JUDGE_YES, JUDGE_NO)) is not None:
+                p_yes[rec["shape"]].append(p)
     every = [c for v in correct.values() for c in v]
     out: dict[str, Any] = {
         "accuracy": float(np.mean(every)) if every else float("nan"),
@@ -588,7 +592,7 @@ def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
         for top in policy.next_token_logprobs([_messages(r) for r in chunk], 20):
-            p = yes_probability(top, ("Yes", " Yes"), ("No", " No"))
+            p = yes_probability(top, JUDGE_YES, JUDGE_NO)
             p_yes.append(0.5 if p is None else p)  # neither answer among the top tokens
     p = np.array(p_yes)
     said = p > 0.5
