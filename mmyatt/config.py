@@ -56,6 +56,9 @@ class DataConfig:
     shuffle: bool = True
     bad_lines: Literal["fail", "skip"] = "fail"
     eval_prompts: int = 500  # global, split over controllers
+    # which eval split a synthetic task reports: test (the reported figures) or val (the
+    # split recipes and judges are chosen on; its own prompts, combinations and seeds)
+    eval_split: Literal["test", "val"] = "test"
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,9 @@ class DistributedConfig:
     max_restarts: int = 0  # torchrun elastic restarts: a controller that dies restarts the
     # group, which resumes from the last checkpoint (`mmyatt bench faults`, controller_dies)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # where each controller's policy lives: auto = cuda:<local rank> when CUDA is
+    # available (one controller included), else cpu; cpu forces the CPU on a GPU machine
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     rd = resolve_run_dir(cfg, run_dir)
     quiet_libraries()
     if under_launcher():  # an external torchrun started us: every rank is a controller
-        dist = init_from_env(cfg.distributed.backend)
+        dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
         pool = None
         if dist.is_main:
             cfg = prepare_run(cfg, rd)
@@ -185,7 +185,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
     cfg = load_config(config, overrides)
     rd = Path(run_dir)
     torch.set_num_threads(cfg.trainer.threads)
-    dist = init_from_env(cfg.distributed.backend)
+    dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
     try:
         torch.manual_seed(cfg.trainer.seed)
         from mmyatt.controller import Controller
