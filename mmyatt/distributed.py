@@ -1,7 +1,9 @@
 """Process groups and the few collectives controllers need.
 
 Controllers exchange gradients, scalar metrics and counts — never rollouts or media.
-On CPU the backend is gloo; under CUDA, NCCL. ``launch`` starts P controllers with
+Each controller's device comes from ``distributed.device`` (``select_device``): by
+default ``cuda:<local rank>`` when CUDA is available, a lone controller included, else
+the CPU. On CPU the backend is gloo; under CUDA, NCCL. ``launch`` starts P controllers with
 torchrun's launcher (the same thing an external ``torchrun`` does), so a run started
 by hand under torchrun and one started by ``mmyatt train distributed.nproc=P`` take
 the same code path.
@@ -25,8 +27,16 @@ from torch import Tensor
 class Dist:
     """This controller's place in the group, and sums over all controllers."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, device: str = "cpu"):
+    def __init__(
+        self, rank: int = 0, world_size: int = 1, device: str = "cpu", backend: str | None = None
+    ):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self.backend = backend  # the process group's backend; None for a lone controller
+
+    def describe(self) -> str:
+        """One line saying where this controller trains (printed by rank 0 at start)."""
+        group = f", backend {self.backend}" if self.backend else ""
+        return f"[device] controller {self.rank} of {self.world_size} on {self.device}{group}"
 
     @property
     def is_main(self) -> bool:
@@ -86,26 +96,83 @@ class Dist:
         return box[0]
 
 
-def init_from_env(backend: str = "auto") -> Dist:
-    """Join the process group described by torchrun's env vars, or run alone."""
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def select_device(device: str = "auto", local_rank: int = 0) -> str:
+    """Where this controller's policy lives, from the ``distributed.device`` setting.
+
+    ``auto``: ``cuda:<local rank>`` when CUDA is available (one controller included),
+    else ``cpu``; ``cpu``: the CPU even on a GPU machine; ``cuda``: ``cuda:<local rank>``,
+    and an error naming the setting when there is no CUDA device for this controller.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"distributed.device={device!r}; expected one of {list(DEVICES)}")
+    if device == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        if device == "cuda":
+            raise RuntimeError(
+                "distributed.device=cuda but CUDA is not available (torch "
+                f"{torch.__version__}, CUDA build: {torch.version.cuda or 'no'}); "
+                "set distributed.device=auto or cpu to run on the CPU"
+            )
+        return "cpu"
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise RuntimeError(
+            f"distributed.device={device}: controller with local rank {local_rank} needs "
+            f"cuda:{local_rank} but this machine has {count} CUDA device(s); start at most "
+            f"{count} controller(s) per machine (distributed.nproc) or set "
+            "distributed.device=cpu"
+        )
+    return f"cuda:{local_rank}"
+
+
+def select_backend(backend: str, device: str) -> str:
+    """The process-group backend: ``auto`` is NCCL for a CUDA device, else gloo."""
+    if backend == "auto":
+        return "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl" and not device.startswith("cuda"):
+        raise RuntimeError(
+            f"distributed.backend=nccl needs CUDA devices, but the controllers are on {device} "
+            "(distributed.device); use distributed.backend=auto or gloo"
+        )
+    return backend
+
+
+_announced: list[str] = []
+
+
+def init_from_env(backend: str = "auto", device: str = "auto") -> Dist:
+    """Join the process group described by torchrun's env vars, or run alone.
+
+    ``device`` is ``distributed.device`` (see ``select_device``), ``backend`` is
+    ``distributed.backend`` (see ``select_backend``; unused by a lone controller). Rank 0
+    prints once which device and backend the controllers use.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = select_device(device, local)
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(torch.device(dev))
     if world <= 1:
-        return Dist(0, 1, "cpu")
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device = "cpu"
-    if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    if not dist.is_initialized():
-        store = attempt_store(rank, world)
-        if store is None:
-            dist.init_process_group(backend=backend)
-        else:
-            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-    return Dist(rank, world, device)
+        out = Dist(0, 1, dev)
+    else:
+        backend = select_backend(backend, dev)
+        if not dist.is_initialized():
+            store = attempt_store(rank, world)
+            if store is None:
+                dist.init_process_group(backend=backend)
+            else:
+                dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
+        out = Dist(rank, world, dev, backend=dist.get_backend())
+    line = out.describe()
+    if out.is_main and line not in _announced:
+        _announced.append(line)
+        print(line, flush=True)
+    return out
 
 
 def attempt_store(rank: int, world: int):
