@@ -3,11 +3,13 @@
 One model (a stack of ``Linear`` layers) with AdamW state is saved with
 ``Checkpointer(async_save=False)`` (the stall is the whole write + fsync) and with
 ``async_save=True`` (the stall is the snapshot into staging buffers; a background thread
-writes), then resumed (load + ``load_state_dict`` into model and optimizer). Each is
-repeated and the median reported. The first async save allocates the staging buffers;
-it is timed separately (``async_first_stall_s``) and not part of the medians.
+writes), then resumed (load + ``load_state_dict`` into model and optimizer). Both arms
+are warmed alike: ``warmup`` saves each are discarded (the first async save allocates
+the staging buffers; the first sync save creates files in a cold directory), then
+``reps`` saves each (5 by default), the two arms alternating, and the median of each
+arm is reported, with the discarded warm-up saves beside it (``warmup_samples``).
 
-    python -c "from mmyatt.checkpoint_bench import bench_checkpoint; print(bench_checkpoint())"
+    mmyatt bench checkpoint --out bench/checkpoint.json
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def _machine(root: Path) -> dict:
     return info
 
 
-def bench_checkpoint(quick: bool = False, reps: int = 3, root: str | Path | None = None) -> dict:
+def bench_checkpoint(
+    quick: bool = False, reps: int = 5, warmup: int = 1, root: str | Path | None = None
+) -> dict:
     """Sync vs async save stall and resume time on one model + AdamW state.
 
     The full size (8 x Linear(4096, 4096), 134 M parameters; 1.6 GB of model + AdamW
@@ -63,7 +67,6 @@ def bench_checkpoint(quick: bool = False, reps: int = 3, root: str | Path | None
     near 4 GB (state + staging buffers). ``quick`` uses a tiny model for tests.
     """
     width, depth = (128, 2) if quick else (4096, 8)
-    reps = 1 if quick else reps
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -82,36 +85,44 @@ def bench_checkpoint(quick: bool = False, reps: int = 3, root: str | Path | None
             shared = {"model": model.state_dict(), "optimizer": optimizer_state(opt), "step": step}
             return shared, {"rng": rng_state(), "cursor": {"epoch": 0, "index": step}}
 
-        sync_s = []
-        ck = Checkpointer(tmp / "sync", async_save=False, keep_last=1)
-        for _ in range(reps):
-            step += 1
-            shared, local = state()
-            t0 = time.perf_counter()
-            ck.save(step, shared, local)
-            sync_s.append(time.perf_counter() - t0)
-        ck.close()
-        ckpt_bytes = _dir_bytes(ck.latest())
-        shutil.rmtree(tmp / "sync")
+        sync_ck = Checkpointer(tmp / "sync", async_save=False, keep_last=1)
+        async_ck = Checkpointer(tmp / "async", async_save=True, keep_last=1)
 
-        ck = Checkpointer(tmp / "async", async_save=True, keep_last=1)
-        step += 1
-        shared, local = state()
-        t0 = time.perf_counter()
-        ck.save(step, shared, local)  # allocates the staging buffers
-        first_stall = time.perf_counter() - t0
-        ck.wait()
-        first_complete = time.perf_counter() - t0
-        stall_s, complete_s = [], []
-        for _ in range(reps):
+        def sync_save() -> float:
+            nonlocal step
             step += 1
             shared, local = state()
             t0 = time.perf_counter()
-            ck.save(step, shared, local)
-            stall_s.append(time.perf_counter() - t0)
-            ck.wait()
-            complete_s.append(time.perf_counter() - t0)
-        ck.close()
+            sync_ck.save(step, shared, local)
+            return time.perf_counter() - t0
+
+        def async_save() -> tuple[float, float]:
+            nonlocal step
+            step += 1
+            shared, local = state()
+            t0 = time.perf_counter()
+            async_ck.save(step, shared, local)  # the first one allocates the staging buffers
+            stall = time.perf_counter() - t0
+            async_ck.wait()
+            return stall, time.perf_counter() - t0
+
+        # Both arms alike: `warmup` discarded saves each (cold page cache, first file
+        # creation, the async staging buffers), then `reps` timed saves each, the arms
+        # alternating so that load from other processes hits both.
+        warm_sync, warm_async = [], []
+        for _ in range(warmup):
+            warm_sync.append(sync_save())
+            warm_async.append(async_save())
+        sync_s, stall_s, complete_s = [], [], []
+        for _ in range(reps):
+            sync_s.append(sync_save())
+            stall, complete = async_save()
+            stall_s.append(stall)
+            complete_s.append(complete)
+        sync_ck.close()
+        async_ck.close()
+        ckpt_bytes = _dir_bytes(sync_ck.latest())
+        shutil.rmtree(tmp / "sync")
 
         resume_s = []
         expect = {k: v.clone() for k, v in model.state_dict().items()}
@@ -135,14 +146,27 @@ def bench_checkpoint(quick: bool = False, reps: int = 3, root: str | Path | None
         "async_stall_s": round(stall_med, 4),
         "async_complete_s": round(statistics.median(complete_s), 4),
         "async_over_sync_stall": round(stall_med / sync_med, 4),
-        "async_first_stall_s": round(first_stall, 4),
-        "async_first_complete_s": round(first_complete, 4),
+        "sync_save_min_s": round(min(sync_s), 4),
+        "sync_save_max_s": round(max(sync_s), 4),
+        "async_stall_min_s": round(min(stall_s), 4),
+        "async_stall_max_s": round(max(stall_s), 4),
         "resume_s": round(statistics.median(resume_s), 4),
         "resume_exact": exact,
         "checkpoint_bytes": ckpt_bytes,
         "params": n_params,
         "reps": reps,
-        "samples": {"sync_save_s": sync_s, "async_stall_s": stall_s, "resume_s": resume_s},
+        "warmup_saves_discarded": warmup,
+        "samples": {
+            "sync_save_s": sync_s,
+            "async_stall_s": stall_s,
+            "async_complete_s": complete_s,
+            "resume_s": resume_s,
+        },
+        "warmup_samples": {
+            "sync_save_s": warm_sync,
+            "async_stall_s": [a for a, _ in warm_async],
+            "async_complete_s": [b for _, b in warm_async],
+        },
         "peak_rss_mb": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "machine": _machine(Path(tempfile.gettempdir() if root is None else root)),
         "notes": (
