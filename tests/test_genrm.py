@@ -278,11 +278,3 @@ def test_load_judge_picks_vlm_policy_for_qwen2_vl(tmp_path, monkeypatch):
     fake.VLMPolicy = VLMPolicy
     monkeypatch.setitem(sys.modules, "mmyatt.models.vlm", fake)
     assert load_judge(tmp_path) == "vlm-judge" and loaded == [str(tmp_path)]
-
-
-def test_doctests():
-    import doctest
-
-    from mmyatt.rewards import genrm
-
-    assert doctest.testmod(genrm).failed == 0

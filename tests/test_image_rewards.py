@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 from PIL import Image
 
-import mmyatt.rewards.image as image_rewards
 from mmyatt.datasets.shapes import COLOURS, SHAPES, draw_shape, moving_shape_clip
 from mmyatt.rewards.image import (
     IMAGE_REWARDS,
@@ -23,10 +20,6 @@ from mmyatt.rewards.image import (
     shape_fill,
     shape_match,
 )
-
-
-def test_doctests():
-    assert doctest.testmod(image_rewards).failed == 0
 
 
 def test_colour_match_on_a_red_circle():

@@ -310,14 +310,3 @@ def test_write_arithmetic_task(tmp_path):
 def test_write_jsonl_round_trip(tmp_path):
     path = write_jsonl(tmp_path / "sub" / "x.jsonl", [{"prompt": "é"}, {"prompt": "b"}])
     assert [r["prompt"] for r in ShardedManifest(path, shuffle=False).next_batch(2)] == ["é", "b"]
-
-
-def test_doctests():
-    import doctest
-
-    import mmyatt.datasets.manifest as manifest
-    import mmyatt.datasets.synthetic as synthetic
-
-    for module in (manifest, synthetic):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 import sys
 import types
@@ -24,11 +23,6 @@ from mmyatt.rewards import (
 )
 
 ANSWER = {"answer": "46"}
-
-
-def test_doctests():
-    result = doctest.testmod(rules, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 10 and result.failed == 0
 
 
 def test_exact_match():
