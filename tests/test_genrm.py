@@ -155,7 +155,7 @@ def test_score_mode_parses_averages_repeats_and_counts_failures(fake_server, cli
         "parse_failures": 4,
         "fallback_used": 2,
     }
-    assert all(method == "gen" for method, _ in judge.calls)
+    assert judge.calls and all(method == "gen" for method, _ in judge.calls)
 
 
 def test_score_regex_and_scale_are_configurable():
