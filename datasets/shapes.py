@@ -18,6 +18,13 @@ __all__ = [
     "BACKGROUND",
     "COLOURS",
     "DIRECTIONS",
+    "HELDOUT",
+    "HELDOUT_TEST",
+    "HELDOUT_VAL",
+    "MOTION_HELDOUT",
+    "MOTION_HELDOUT_TEST",
+    "MOTION_HELDOUT_VAL",
+    "is_heldout",
     "SHAPES",
     "draw_shape",
     "motion_caption",
@@ -45,6 +52,41 @@ DIRECTIONS: dict[str, tuple[int, int]] = {  # unit step in image coordinates (x 
     "up": (0, -1),
     "down": (0, 1),
 }
+# Combinations no RL training and no stage of the built-in judge's training ever sees.
+# TEST is what README and BENCHMARKS report; VAL is where recipes and judges are chosen
+# (its own prompts, combinations and seeds). Every colour and every shape still appears
+# in training (each colour with two shapes, each shape with four colours), so a held-out
+# caption is a new combination of known words.
+HELDOUT_TEST: tuple[tuple[str, str], ...] = (
+    ("red", "square"),
+    ("green", "triangle"),
+    ("blue", "circle"),
+)
+HELDOUT_VAL: tuple[tuple[str, str], ...] = (
+    ("yellow", "circle"),
+    ("cyan", "triangle"),
+    ("purple", "square"),
+)
+HELDOUT = HELDOUT_TEST + HELDOUT_VAL
+# Video: (colour, shape, direction) triples out of 72; every pair and every direction
+# still appears in training.
+MOTION_HELDOUT_TEST: tuple[tuple[str, str, str], ...] = (
+    ("red", "square", "left"),
+    ("green", "triangle", "up"),
+    ("blue", "circle", "right"),
+    ("yellow", "square", "down"),
+    ("cyan", "circle", "left"),
+    ("purple", "triangle", "right"),
+)
+MOTION_HELDOUT_VAL: tuple[tuple[str, str, str], ...] = (
+    ("red", "circle", "down"),
+    ("green", "square", "right"),
+    ("blue", "triangle", "left"),
+    ("yellow", "triangle", "up"),
+    ("cyan", "square", "up"),
+    ("purple", "circle", "down"),
+)
+MOTION_HELDOUT = MOTION_HELDOUT_TEST + MOTION_HELDOUT_VAL
 BACKGROUND = (24, 24, 32)  # plain dark background: foreground = bright, saturated pixels
 _SUPERSAMPLE = 4  # draw at 4x and box-downsample: smooth edges, exact fill ratios
 
@@ -118,11 +160,28 @@ def motion_caption(colour: str, shape: str, direction: str) -> str:
     return f"{shape_caption(colour, shape)} moving {direction}"
 
 
-def _combos(colours, shapes, holdout) -> list[tuple[str, str]]:
-    held = {tuple(h) for h in holdout}
-    combos = [(c, s) for c in colours for s in shapes if (c, s) not in held]
-    for c, s in combos:
-        _check(c, s)
+def is_heldout(combo: tuple[str, ...], holdout) -> bool:
+    """True if ``combo`` ((colour, shape) or (colour, shape, direction)) matches an entry
+    of ``holdout``: a pair holds out every direction of that colour and shape."""
+    for h in holdout:
+        h = tuple(h)
+        if tuple(combo[: len(h)]) == h:
+            return True
+    return False
+
+
+def _combos(colours, shapes, holdout, directions=None, only=None) -> list[tuple[str, ...]]:
+    if only is not None:
+        combos = [tuple(c) for c in only]
+    elif directions is None:
+        combos = [(c, s) for c in colours for s in shapes]
+    else:
+        combos = [(c, s, d) for c in colours for s in shapes for d in directions]
+    combos = [c for c in combos if not is_heldout(c, holdout)]
+    for c in combos:
+        _check(c[0], c[1])
+        if len(c) > 2 and c[2] not in DIRECTIONS:
+            raise ValueError(f"unknown direction {c[2]!r}; expected one of {list(DIRECTIONS)}")
     if not combos:
         raise ValueError("every colour/shape combination is held out")
     return combos
@@ -135,14 +194,17 @@ def shape_records(
     *,
     colours: tuple[str, ...] | list[str] = tuple(COLOURS),
     shapes: tuple[str, ...] | list[str] = SHAPES,
+    only: tuple[tuple[str, str], ...] | list | None = None,
 ) -> list[dict]:
     """``n`` prompt records {"prompt", "colour", "shape", "id"}, combinations drawn
-    uniformly from colours x shapes minus the ``holdout`` (colour, shape) pairs."""
-    combos = _combos(colours, shapes, holdout)
+    uniformly from colours x shapes minus the ``holdout`` pairs, or round-robin over
+    ``only``."""
+    combos = _combos(colours, shapes, holdout, only=only)
     g = np.random.default_rng(seed)
     out = []
-    for i in range(n):
-        c, s = combos[int(g.integers(len(combos)))]
+    for i in range(n):  # ``only``: round-robin, so every listed combination is equally common
+        pick = i % len(combos) if only is not None else int(g.integers(len(combos)))
+        c, s = combos[pick][:2]
         out.append(
             {"prompt": shape_caption(c, s), "colour": c, "shape": s, "id": f"shape-{seed}-{i}"}
         )
@@ -152,19 +214,22 @@ def shape_records(
 def motion_records(
     n: int,
     seed: int,
-    holdout: tuple[tuple[str, str], ...] | list = (),
+    holdout: tuple[tuple[str, ...], ...] | list = (),
     *,
     colours: tuple[str, ...] | list[str] = tuple(COLOURS),
     shapes: tuple[str, ...] | list[str] = SHAPES,
     directions: tuple[str, ...] | list[str] = tuple(DIRECTIONS),
+    only: tuple[tuple[str, str, str], ...] | list | None = None,
 ) -> list[dict]:
-    """Like ``shape_records`` with a "direction" and captions "a red square moving right"."""
-    combos = _combos(colours, shapes, holdout)
+    """Like ``shape_records`` with a "direction" and captions "a red square moving right";
+    combinations are (colour, shape, direction) triples, uniform over colours x shapes x
+    directions (or ``only``) minus ``holdout`` (triples, or pairs for every direction)."""
+    combos = _combos(colours, shapes, holdout, directions=directions, only=only)
     g = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        c, s = combos[int(g.integers(len(combos)))]
-        d = directions[int(g.integers(len(directions)))]
+        pick = i % len(combos) if only is not None else int(g.integers(len(combos)))
+        c, s, d = combos[pick]
         out.append(
             {
                 "prompt": motion_caption(c, s, d),
@@ -221,16 +286,42 @@ def write_shape_task(
     n_train: int = 512,
     n_eval: int = 64,
     seed: int = 0,
-    holdout: tuple[tuple[str, str], ...] | list = (),
     video: bool = False,
+    heldout_test: tuple | list | None = None,
+    heldout_val: tuple | list | None = None,
 ) -> dict[str, Path]:
-    """Write ``train.jsonl`` (without the held-out combinations) and ``eval.jsonl`` (all
-    combinations, so held-out ones measure generalisation) of prompt records. With
-    ``video`` the records are moving-shape prompts. Returns {"train": path, "eval": path}."""
+    """Write the splits of the text-to-image (``video``: text-to-video) task:
+
+    * ``train.jsonl``: ``n_train`` records over every combination except the held-out
+      ones of both eval splits;
+    * ``test.jsonl``: ``n_eval`` records of the ``heldout_test`` combinations
+      ("split": "heldout") and ``n_eval // 2`` of training combinations ("split": "seen"),
+      interleaved; the split README and BENCHMARKS report;
+    * ``val.jsonl``: the same for ``heldout_val``, from other seeds: the split recipes and
+      judges are chosen on.
+
+    Defaults: :data:`HELDOUT_TEST` / :data:`HELDOUT_VAL` (images) or the MOTION_ ones.
+    Returns {"train", "test", "val"} paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     make = motion_records if video else shape_records
-    splits = {"train": make(n_train, seed, holdout), "eval": make(n_eval, seed + 1)}
+    if heldout_test is None:
+        heldout_test = MOTION_HELDOUT_TEST if video else HELDOUT_TEST
+    if heldout_val is None:
+        heldout_val = MOTION_HELDOUT_VAL if video else HELDOUT_VAL
+    held = tuple(heldout_test) + tuple(heldout_val)
+    splits = {"train": make(n_train, seed, held)}
+    for k, (name, combos) in enumerate((("test", heldout_test), ("val", heldout_val))):
+        base = seed + 1 + 2 * k
+        heldout = [{**r, "split": "heldout"} for r in make(n_eval, base, only=combos)]
+        seen = [{**r, "split": "seen"} for r in make(n_eval // 2, base + 1, held)]
+        mixed, j = [], 0
+        for i, r in enumerate(heldout):  # two held-out records, then one seen
+            mixed.append(r)
+            if i % 2 == 1 and j < len(seen):
+                mixed.append(seen[j])
+                j += 1
+        splits[name] = mixed + seen[j:]
     paths = {}
     for name, recs in splits.items():
         path = out / f"{name}.jsonl"

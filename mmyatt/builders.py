@@ -131,6 +131,11 @@ def eval_records(cfg: RunConfig, rank: int, world_size: int) -> list[dict]:
 
 def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
+    if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v"):
+        raise ValueError(
+            f"data.eval_split=val: synthetic:{task} has no validation split "
+            "(shapes_t2i and motion_t2v do); point data.eval at your own validation file"
+        )
     if task == "arithmetic":
         from mmyatt.datasets.synthetic import write_arithmetic_task
 
@@ -170,7 +175,7 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
             seed=cfg.trainer.seed,
             video=task == "motion_t2v",
         )
-        return p["train"], p["eval"]
+        return p["train"], p[cfg.data.eval_split]
     raise ValueError(
         f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
         "shapes_t2i, motion_t2v"

@@ -364,42 +364,86 @@ class Controller:
         return out
 
     def _evaluate(self, s: Sampling, prefix: str) -> dict[str, float]:
+        """Eval records may carry "split": "heldout" (combinations no training saw) or
+        "seen". Then ``{prefix}/mean`` and its components are the held-out figures, and
+        ``eval/heldout/...`` and ``eval/seen/...`` report both; image and video outputs
+        also get the texture checks of :mod:`mmyatt.rewards.quality` as
+        ``eval/quality/background_hf`` and ``eval/quality/object_hf``."""
         recs = self.eval_records
         # a rank may hold no eval records while others do: it still joins every collective
         if not self.dist.any(bool(recs)):
             return {}
         from mmyatt.rewards.judge_client import JudgeError
 
-        total, count, shown = 0.0, 0, []
-        parts_sum = dict.fromkeys(getattr(self.reward, "names", []), 0.0)
+        names = list(getattr(self.reward, "names", []))
+        groups = ("all", "heldout", "seen")
+        sums = {f"{g}/{k}": 0.0 for g in groups for k in ("total", "count", *names)}
+        quality = {"background_hf": 0.0, "background_n": 0.0, "object_hf": 0.0, "object_n": 0.0}
+        shown = []
         bs = 64
         ema = self.cfg.model.ema_decay is not None
+        salt = "eval" if self.cfg.data.eval_split == "test" else "val"
         error = None
         with torch.no_grad(), self.policy.ema_weights() if ema else nullcontext():
             for i in range(0, len(recs), bs):
                 chunk = recs[i : i + bs]
-                seeds = [prompt_seed(self.cfg.trainer.seed + 1, "eval", r["_index"]) for r in chunk]
-                r = self.policy.generate(chunk, 1, s, seeds)
+                seeds = [prompt_seed(self.cfg.trainer.seed + 1, salt, x["_index"]) for x in chunk]
+                out = self.policy.generate(chunk, 1, s, seeds)
                 try:  # ranks may hold different numbers of chunks: agree after the loop
-                    rewards, parts = self.reward(r.outputs, r.records, r.prompt_ids)
+                    rewards, parts = self.reward(out.outputs, out.records, out.prompt_ids)
                 except JudgeError as e:
                     error = e
                     break
-                total += float(rewards.sum())
-                count += len(chunk)
-                for k, v in parts.items():
-                    parts_sum[k] = parts_sum.get(k, 0.0) + float(v.sum())
+                for j, rec in enumerate(out.records):
+                    for g in ("all", rec.get("split")):
+                        if g not in groups:
+                            continue
+                        sums[f"{g}/total"] += float(rewards[j])
+                        sums[f"{g}/count"] += 1
+                        for k in names:  # the same keys on every rank, for the all-reduce
+                            if k in parts:
+                                sums[f"{g}/{k}"] += float(parts[k][j])
+                if self._visual(out.outputs):
+                    from mmyatt.rewards.quality import texture_metrics
+
+                    for k, (total, n) in texture_metrics(out.outputs).items():
+                        quality[k] += total
+                        quality[k.replace("_hf", "_n")] += n
                 shown += [
-                    (o, x.get("prompt"), float(v)) for o, x, v in zip(r.outputs, r.records, rewards)
+                    (o, x.get("prompt"), float(v))
+                    for o, x, v in zip(out.outputs, out.records, rewards)
                 ]
         self.agree_on_judge_error(error)
         self.eval_outputs = shown
-        g = self.dist.sum_many({"total": total, "count": count, **parts_sum})
-        n = max(g.pop("count"), 1.0)
-        out = {f"{prefix}/mean": g.pop("total") / n}
+        g = self.dist.sum_many({**sums, **quality})
+        report = {}
+        for group in groups:
+            n = g[f"{group}/count"]
+            if n == 0:
+                continue
+            report[group] = {"mean": g[f"{group}/total"] / n}
+            if prefix == "eval/reward":
+                report[group].update({k: g[f"{group}/{k}"] / n for k in names})
+        main = report.get("heldout", report.get("all", {"mean": 0.0}))
+        out_metrics = {f"{prefix}/{k}": v for k, v in main.items()}
         if prefix == "eval/reward":
-            out.update({f"{prefix}/{k}": v / n for k, v in g.items()})
-        return out
+            for group in ("heldout", "seen"):
+                for k, v in report.get(group, {}).items():
+                    out_metrics[f"eval/{group}/reward/{k}"] = v
+            for k in ("background_hf", "object_hf"):
+                n = g[k.replace("_hf", "_n")]
+                if n > 0:
+                    out_metrics[f"eval/quality/{k}"] = g[k] / n
+        return out_metrics
+
+    @staticmethod
+    def _visual(outputs: list) -> bool:
+        from PIL import Image
+
+        first = outputs[0] if outputs else None
+        if isinstance(first, list) and first:
+            first = first[0]
+        return isinstance(first, Image.Image)
 
     # ------------------------------------------------------------------ metrics and helpers
     def rollout_metrics(self, r: Rollout) -> dict[str, float]:

@@ -273,6 +273,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         )
     start = time.perf_counter()
     step = first - 1
+    cut_by_time = False
     for step in range(first, t.steps + 1):
         t0 = time.perf_counter()
         try:
@@ -316,8 +317,15 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             log.close()
             raise SystemExit(0)
         elapsed_min = (time.perf_counter() - start) / 60
-        if t.max_minutes is not None and dist.any(elapsed_min >= t.max_minutes):
-            say(f"\n[train] time budget of {t.max_minutes} min reached at step {step}", flush=True)
+        if t.max_minutes is not None and step < t.steps and dist.any(elapsed_min >= t.max_minutes):
+            cut_by_time = True
+            say(
+                red(
+                    f"\n[train] STOPPED EARLY: trainer.max_minutes={t.max_minutes} reached at "
+                    f"step {step} of {t.steps}; the evaluation below is not the recipe's result"
+                ),
+                flush=True,
+            )
             break
     ck.close()
     stop_signal.restore()
@@ -330,7 +338,12 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     write_samples(ctl, step)
     rss = dist.gather_ints(peak_rss_mb())
     mem = {f"memory/peak_rss_mb_rank{r}": float(v) for r, v in enumerate(rss)}
-    log.log(step, {**ev, **mem, "train/minutes": (time.perf_counter() - start) / 60})
+    done = {
+        "train/steps_done": float(step),
+        "train/steps_planned": float(t.steps),
+        "train/cut_by_time": float(cut_by_time),
+    }
+    log.log(step, {**ev, **mem, **done, "train/minutes": (time.perf_counter() - start) / 60})
     say(f"[eval] step {step}: " + fmt(ev), flush=True)
     if dist.is_main:
         out = ctl.run_dir / "checkpoints" / "final"
@@ -378,8 +391,16 @@ def fmt(m: dict) -> str:
     return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items())
 
 
+def red(text: str) -> str:
+    """ANSI red on a terminal, plain text in logs."""
+    return f"\033[31m{text}\033[0m" if sys.stdout.isatty() else text
+
+
 def print_summary(run_dir: Path) -> dict:
-    """The before/after table for a finished run."""
+    """The before/after table for a finished run, with the steps it finished and, for
+    image and video runs, the texture checks as a ratio to the base model's (step 0).
+    Also written to ``summary.json``: {"steps_done", "steps_planned", "cut_by_time",
+    "metrics": {name: {"first", "last", "change"(, "ratio")}}}."""
     from mmyatt.metrics import read_metrics
 
     rows = read_metrics(run_dir)
@@ -391,18 +412,35 @@ def print_summary(run_dir: Path) -> dict:
     keys = [k for k in last if k.startswith("eval/")]
     print(f"\n[summary] {run_dir}")
     print(
-        f"  {'metric':<32}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}{'change':>10}"
+        f"  {'metric':<40}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}"
+        f"{'change':>10}"
     )
-    out = {}
+    metrics = {}
     for k in keys:
         a, b = first.get(k), last.get(k)
         if isinstance(a, int | float) and isinstance(b, int | float):
-            print(f"  {k:<32}{a:>12.4f}{b:>12.4f}{b - a:>+10.4f}")
-            out[k] = {"first": a, "last": b, "change": b - a}
+            line = f"  {k:<40}{a:>12.4f}{b:>12.4f}{b - a:>+10.4f}"
+            metrics[k] = {"first": a, "last": b, "change": b - a}
+            if k.startswith("eval/quality/") and a > 0:
+                metrics[k]["ratio"] = b / a
+                line += f"   x{b / a:.2f} of the base"
+            print(line)
+    final = next((r for r in reversed(rows) if "train/steps_planned" in r), None)
+    out: dict = {}
+    if final is not None:
+        done, planned = int(final["train/steps_done"]), int(final["train/steps_planned"])
+        cut = bool(final.get("train/cut_by_time", 0.0))
+        out = {"steps_done": done, "steps_planned": planned, "cut_by_time": cut}
+        line = f"  steps {done}/{planned}"
+        if done < planned:
+            why = "time budget (trainer.max_minutes)" if cut else "stopped early"
+            line = red(f"{line}: INCOMPLETE, {why}; this is not the recipe's result")
+        print(line)
     train_rows = [r for r in rows if "timing/step_s" in r]
     if train_rows:
         sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
-        print(f"  steps {len(train_rows)}, mean samples/s {sps:.1f}")
+        print(f"  mean samples/s {sps:.1f}")
+    out["metrics"] = metrics
     (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
     return out
 

@@ -79,3 +79,12 @@ def test_recipe_runs_one_step(tmp_path, recipe):
     assert any("reward/generated_mean" in r for r in rows)
     assert (run / "checkpoints" / "final").exists()
     assert list((run / "samples").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps_done"] == summary["steps_planned"] == 1
+    assert summary["cut_by_time"] is False
+    if recipe.startswith("flow_"):  # held-out and seen combinations, and the texture check
+        last = rows[-1]
+        assert last["eval/reward/mean"] == last["eval/heldout/reward/mean"]
+        assert "eval/seen/reward/mean" in last
+        assert last["eval/quality/background_hf"] >= 0.0
+        assert summary["metrics"]["eval/quality/background_hf"]["ratio"] > 0

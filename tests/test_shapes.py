@@ -10,8 +10,14 @@ import pytest
 from mmyatt.datasets.shapes import (
     BACKGROUND,
     COLOURS,
+    HELDOUT,
+    HELDOUT_TEST,
+    HELDOUT_VAL,
+    MOTION_HELDOUT,
+    MOTION_HELDOUT_TEST,
     SHAPES,
     draw_shape,
+    is_heldout,
     motion_caption,
     motion_records,
     moving_shape_clip,
@@ -57,16 +63,43 @@ def test_records_respect_holdout():
         shape_records(1, 0, holdout=[("red", "circle")], colours=["red"], shapes=["circle"])
 
 
-def test_write_shape_task(tmp_path):
-    paths = write_shape_task(tmp_path, n_train=30, n_eval=10, seed=1, holdout=[("red", "circle")])
-    train = [json.loads(line) for line in paths["train"].read_text().splitlines()]
-    ev = [json.loads(line) for line in paths["eval"].read_text().splitlines()]
-    assert len(train) == 30 and len(ev) == 10
-    assert all(r["prompt"] != "a red circle" for r in train)
-    assert not {r["id"] for r in train} & {r["id"] for r in ev}
-    video = write_shape_task(tmp_path / "v", n_train=4, n_eval=2, video=True)
-    rec = json.loads(video["train"].read_text().splitlines()[0])
-    assert rec["prompt"].endswith(f"moving {rec['direction']}")
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_write_shape_task_holds_out_combinations(tmp_path):
+    paths = write_shape_task(tmp_path, n_train=300, n_eval=12, seed=1)
+    train, test, val = read(paths["train"]), read(paths["test"]), read(paths["val"])
+    assert len(train) == 300 and len(test) == len(val) == 12 + 6
+    combo = lambda r: (r["colour"], r["shape"])  # noqa: E731
+    # no held-out combination (test or val) is trained on; training still sees all words
+    assert not {combo(r) for r in train} & set(HELDOUT)
+    assert {r["colour"] for r in train} == set(COLOURS) and {r["shape"] for r in train} == set(
+        SHAPES
+    )
+    for split, held in ((test, HELDOUT_TEST), (val, HELDOUT_VAL)):
+        heldout = [r for r in split if r["split"] == "heldout"]
+        seen = [r for r in split if r["split"] == "seen"]
+        assert len(heldout) == 12 and len(seen) == 6
+        assert [combo(r) for r in heldout] == [held[i % len(held)] for i in range(12)]  # balanced
+        assert not {combo(r) for r in seen} & set(HELDOUT)
+    # test, val and train are different records
+    ids = [{r["id"] for r in x} for x in (train, test, val)]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    video = write_shape_task(tmp_path / "v", n_train=200, n_eval=6, video=True)
+    train_v = read(video["train"])
+    assert train_v[0]["prompt"].endswith(f"moving {train_v[0]['direction']}")
+    triple = lambda r: (r["colour"], r["shape"], r["direction"])  # noqa: E731
+    assert not {triple(r) for r in train_v} & set(MOTION_HELDOUT)
+    assert {triple(r) for r in read(video["test"]) if r["split"] == "heldout"} == set(
+        MOTION_HELDOUT_TEST
+    )
+
+
+def test_is_heldout_pairs_cover_every_direction():
+    assert is_heldout(("red", "square", "left"), [("red", "square")])
+    assert not is_heldout(("red", "square", "left"), [("red", "square", "right")])
+    assert is_heldout(("red", "square"), HELDOUT_TEST)
 
 
 def test_moving_clip_moves_the_right_way():
