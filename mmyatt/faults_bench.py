@@ -10,11 +10,22 @@ Text GRPO, rule reward:
 * ``kill_during_save``: SIGKILL while the step-4 checkpoint is being written (a delay
   before its completion marker widens the window), restart; the partial checkpoint
   must be ignored.
-* ``sigterm``: SIGTERM to every process after step 3; the run saves and exits 0; restart.
+* ``sigterm``: SIGTERM to every process while step 3 runs; the run finishes the step,
+  saves it and exits 0; restart.
 * ``nan_reward``: the reward is NaN for one step; that step is skipped and counted.
-* ``controller_dies_rank0`` / ``_rank1``: SIGKILL one controller only, with
-  ``distributed.max_restarts=1``: torchrun restarts the group, which resumes from the
-  last complete checkpoint by itself.
+* ``controller_dies_rank0`` / ``_rank1``: SIGKILL one controller only, inside step 3,
+  with ``distributed.max_restarts=1``: torchrun restarts the group, which resumes from
+  the last complete checkpoint by itself.
+
+Where each fault landed and where the rerun resumed are checked from outside the run
+and recorded: the reward function of the faulted runs writes a marker file (rank, pid)
+when a controller starts scoring step 3 and then holds that step, and the kill is sent
+only once a marker is there; right after it, ``metrics.jsonl`` must end at step 2 (step
+3 never finished: ``landed``) and the complete checkpoints are listed. For the kill
+during a save, the step-4 checkpoint folder must be there without its completion
+marker. The rerun's log must hold exactly one "[resume] from .../step_N: continuing at
+step N+1" line naming the last complete checkpoint (``resumed_from_checkpoint``). A
+scenario survives only if its fault landed where it was aimed and the rerun resumed.
 
 Text GRPO, GenRM reward from a judge server started with the run (an untrained tiny
 text judge served by ``mmyatt.rewards.judge_server``, one request per model call so
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,18 +89,35 @@ JOB = [
     "reward.functions=[{name: 'faultreward:reward'}]",
 ]
 REWARD = """
-import os
+import json, os, time
 calls = 0
+held = False
 def reward(completion, record):
-    global calls
+    global calls, held
     calls += 1
     nan_calls = os.environ.get("FAULT_NAN_CALLS")
     if nan_calls:
         lo, hi = map(int, nan_calls.split("-"))
         if lo <= calls <= hi:
             return float("nan")
+    mark = os.environ.get("FAULT_MARK_CALLS")
+    if mark and not held and os.path.exists(os.environ["FAULT_ARM"]):
+        lo, hi = map(int, mark.split("-"))
+        if lo <= calls <= hi:  # inside the step under test: say so, then hold the step
+            held = True
+            rank, pid = os.environ.get("RANK", "0"), os.getpid()
+            info = {"rank": int(rank), "pid": pid, "call": calls, "time": time.time()}
+            path = os.path.join(os.environ["FAULT_MARK_DIR"], f"rank{rank}_pid{pid}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(info, f)
+            os.rename(path + ".tmp", path)
+            time.sleep(float(os.environ.get("FAULT_HOLD_S", "5")))
     return len(completion) / 10.0
 """
+# Each controller's reward calls: the step-0 eval scores 8 prompts per rank, then every
+# step scores 8 samples per rank, so calls 25-32 of a controller are step 3.
+STEP3_CALLS = "25-32"
+STEPS = 6  # trainer.steps of every job
 
 
 # a judge's "yes" and "no" token sets: printable ASCII by parity of the code point
@@ -217,18 +246,139 @@ def _last_metrics(run: Path) -> dict:
     return rows[-1] if rows else {}
 
 
+# ---- from outside: where a fault landed and where the rerun resumed ----------------
+
+RESUME_LINE = re.compile(r"\[resume\] from (\S*?step_(\d+)): continuing at step (\d+)")
+
+
+def _logged_steps(run: Path) -> list[int]:
+    """Steps that metrics.jsonl holds a training row for (a row is written when a step
+    has finished)."""
+    p = run / "metrics.jsonl"
+    if not p.exists():
+        return []
+    rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    return sorted({r["step"] for r in rows if "reward/mean" in r})
+
+
+def _complete_checkpoints(run: Path) -> list[int]:
+    state = run / "checkpoints" / "state"
+    return sorted(int(p.parent.name[5:]) for p in state.glob("step_*/COMPLETE"))
+
+
+def _arm(run: Path, hold_s: float) -> tuple[dict, Path]:
+    """Env that makes every controller, in its step-3 reward, write a marker file (rank,
+    pid) and then hold the step for ``hold_s``; and the marker folder. The markers are
+    written only while the folder's ARMED file exists."""
+    marks = run.parent / f"{run.name}.marks"
+    marks.mkdir(parents=True, exist_ok=True)
+    (marks / "ARMED").touch()
+    env = {
+        "FAULT_MARK_CALLS": STEP3_CALLS,
+        "FAULT_MARK_DIR": str(marks),
+        "FAULT_ARM": str(marks / "ARMED"),
+        "FAULT_HOLD_S": str(hold_s),
+    }
+    return env, marks
+
+
+def _markers(marks: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(marks.glob("rank*_pid*.json"))]
+
+
+def fault_facts(run: Path, marks: Path | None = None) -> dict:
+    """What the run's files say right after a fault landed: the steps logged as finished,
+    the complete checkpoints, the partial ones, and which controllers were inside the
+    step under test (their step-3 reward had started: ``markers``)."""
+    logged = _logged_steps(run)
+    state = run / "checkpoints" / "state"
+    return {
+        "last_logged_step": logged[-1] if logged else 0,
+        "complete_checkpoints": _complete_checkpoints(run),
+        "partial_checkpoints": sorted(
+            int(p.name[5:13]) for p in state.glob("step_*.tmp") if not (p / "COMPLETE").exists()
+        ),
+        "markers": _markers(marks) if marks is not None else [],
+    }
+
+
+def landed_mid_step(facts: dict, step: int) -> bool:
+    """The fault hit inside ``step``: a controller had started the step's reward and the
+    step had not finished (metrics.jsonl has step - 1, not ``step``)."""
+    return bool(facts["markers"]) and facts["last_logged_step"] == step - 1
+
+
+def landed_mid_save(facts: dict, step: int) -> bool:
+    """The fault hit while the checkpoint of ``step`` was written: its folder is there
+    without a completion marker, and it is not among the complete checkpoints."""
+    return step in facts["partial_checkpoints"] and step not in facts["complete_checkpoints"]
+
+
+def resume_facts(log: str, expect_from: int | None) -> dict:
+    """The rerun's "[resume] from ...step_N: continuing at step M" lines, and whether it
+    resumed exactly once, from the checkpoint of ``expect_from`` at the step after it."""
+    found = [(int(m.group(2)), int(m.group(3))) for m in RESUME_LINE.finditer(log)]
+    ok = expect_from is not None and len(found) == 1 and found[0] == (expect_from, expect_from + 1)
+    return {
+        "resume_lines": len(found),
+        "resumed_from_step": found[0][0] if found else None,
+        "continued_at_step": found[0][1] if found else None,
+        "resumed_from_checkpoint": bool(ok),
+    }
+
+
+def _log_text(tmp: Path, run: Path, offset: int = 0) -> str:
+    p = tmp / f"{run.name}.log"
+    return p.read_text(errors="replace")[offset:] if p.exists() else ""
+
+
+def _log_size(tmp: Path, run: Path) -> int:
+    return len(_log_text(tmp, run))
+
+
+def _wait_marked(marks: Path, proc: subprocess.Popen, run: Path, ckpt: int, rank=None) -> bool:
+    """Until a controller (of ``rank``, if given) is inside step 3 and the checkpoint of
+    ``ckpt`` is complete."""
+
+    def pred() -> bool:
+        ms = [m for m in _markers(marks) if rank is None or m["rank"] == rank]
+        return bool(ms) and ckpt in _complete_checkpoints(run)
+
+    return _wait_for(pred, proc)
+
+
+def _resumed_report(name, injected, landed, facts, rc, ref, run, resumed) -> dict:
+    out = _report(name, injected, rc, ref, run)
+    out["landed"] = bool(landed)
+    out["at_fault"] = {k: v for k, v in facts.items() if k != "markers"}
+    out["at_fault"]["ranks_in_step"] = sorted({m["rank"] for m in facts["markers"]})
+    out.update(resumed)
+    out["survived"] = bool(out["survived"] and landed and resumed["resumed_from_checkpoint"])
+    return out
+
+
 def scenario_kill_during_step(tmp: Path, ref: Path) -> dict:
+    """SIGKILL every process while step 3 runs (a controller is inside its step-3 reward,
+    step 2 is checkpointed); the rerun must resume from step 2 at step 3."""
     run = tmp / "kill_step"
-    proc = _start(tmp, run)
-    injected = _wait_for(_logged(run, 2), proc)
-    time.sleep(0.3)  # inside step 3
+    env, marks = _arm(run, hold_s=30)
+    proc = _start(tmp, run, env)
+    injected = _wait_marked(marks, proc, run, 2)
     _kill_tree(proc, signal.SIGKILL)
     proc.wait()
+    facts = fault_facts(run, marks)
+    landed = injected and landed_mid_step(facts, 3)
+    offset = _log_size(tmp, run)
     rc = _finish(tmp, run)
-    return _report("kill_during_step", injected, rc, ref, run)
+    last = facts["complete_checkpoints"][-1] if facts["complete_checkpoints"] else None
+    resumed = resume_facts(_log_text(tmp, run, offset), last)
+    return _resumed_report("kill_during_step", injected, landed, facts, rc, ref, run, resumed)
 
 
 def scenario_kill_during_save(tmp: Path, ref: Path) -> dict:
+    """SIGKILL every process while the step-4 checkpoint is written (every rank's files
+    are in, rank 0 holds before the completion marker); the rerun must ignore the
+    partial checkpoint and resume from step 2."""
     run = tmp / "kill_save"
     proc = _start(tmp, run, {"MMYATT_FAULT_SAVE_DELAY_S": "30"})
     state = run / "checkpoints" / "state"
@@ -236,52 +386,61 @@ def scenario_kill_during_save(tmp: Path, ref: Path) -> dict:
     time.sleep(0.5)
     _kill_tree(proc, signal.SIGKILL)
     proc.wait()
-    partial_ignored = not (state / "step_00000004").exists()
+    facts = fault_facts(run)
+    landed = injected and landed_mid_save(facts, 4)
+    offset = _log_size(tmp, run)
     rc = _finish(tmp, run)
-    out = _report("kill_during_save", injected, rc, ref, run)
-    out["partial_checkpoint_ignored"] = partial_ignored
-    out["survived"] = out["survived"] and partial_ignored
+    resumed = resume_facts(_log_text(tmp, run, offset), 2)
+    out = _resumed_report("kill_during_save", injected, landed, facts, rc, ref, run, resumed)
+    out["partial_checkpoint_ignored"] = resumed["resumed_from_step"] == 2
     return out
 
 
 def scenario_sigterm(tmp: Path, ref: Path) -> dict:
+    """SIGTERM to every process while step 3 runs: the run finishes step 3, saves it and
+    exits 0; the rerun must resume from step 3 at step 4."""
     run = tmp / "sigterm"
-    proc = _start(tmp, run)
-    injected = _wait_for(_logged(run, 3), proc)
+    env, marks = _arm(run, hold_s=3)
+    proc = _start(tmp, run, env)
+    injected = _wait_marked(marks, proc, run, 2)
+    facts = fault_facts(run, marks)  # read as the signal goes out: step 3 not finished
     _kill_tree(proc, signal.SIGTERM)
-    rc_term = proc.wait(timeout=120)
-    saved = any((run / "checkpoints" / "state").glob("step_0000000[3-5]"))
+    rc_term = _wait(proc, timeout=120)
+    landed = injected and landed_mid_step(facts, 3)
+    saved = _complete_checkpoints(run)
+    offset = _log_size(tmp, run)
     rc = _finish(tmp, run)
-    out = _report("sigterm", injected, rc, ref, run)
+    resumed = resume_facts(_log_text(tmp, run, offset), 3)
+    out = _resumed_report("sigterm", injected, landed, facts, rc, ref, run, resumed)
     out["clean_exit_code"] = rc_term
-    out["saved_on_sigterm"] = saved
-    out["survived"] = out["survived"] and saved
+    out["saved_on_sigterm"] = 3 in saved
+    out["survived"] = out["survived"] and rc_term == 0 and 3 in saved
     return out
 
 
 def scenario_controller_dies(tmp: Path, ref: Path, rank: int = 1) -> dict:
-    """SIGKILL one controller (``rank``) only: torchrun restarts the group, which resumes
-    from the last checkpoint by itself (distributed.max_restarts)."""
-    import psutil
-
+    """SIGKILL one controller (``rank``) inside step 3 only: torchrun restarts the group,
+    which must resume from the step-2 checkpoint by itself (distributed.max_restarts)."""
     run = tmp / f"rank{rank}_dies"
-    proc = _start(tmp, run, job=[*JOB, "distributed.max_restarts=1"])
-    injected = _wait_for(_logged(run, 3), proc)
-    victims = []
-    for p in psutil.Process(proc.pid).children(recursive=True):
+    env, marks = _arm(run, hold_s=5)
+    proc = _start(tmp, run, env, job=[*JOB, "distributed.max_restarts=1"])
+    injected = _wait_marked(marks, proc, run, 2, rank=rank)
+    victims = [m["pid"] for m in _markers(marks) if m["rank"] == rank] if injected else []
+    for pid in victims:  # the controller that wrote the marker: rank `rank`, inside step 3
         try:
-            if "_controller" in p.cmdline() and p.environ().get("RANK") == str(rank):
-                victims.append(p)
-        except psutil.Error:
-            pass
-    for p in victims:
-        p.kill()
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            victims.remove(pid)
+    facts = fault_facts(run, marks)
+    (marks / "ARMED").unlink()  # the restarted group runs step 3 without holding
     injected = injected and bool(victims)
+    landed = injected and landed_mid_step(facts, 3)
     rc = _wait(proc)
-    out = _report(f"controller_dies_rank{rank}", injected, rc, ref, run)
-    log = (tmp / f"rank{rank}_dies.log").read_text(errors="replace")
-    out["group_restarted_from_checkpoint"] = log.count("[resume] from") == 1
-    out["survived"] = out["survived"] and out["group_restarted_from_checkpoint"]
+    resumed = resume_facts(_log_text(tmp, run), 2)
+    out = _resumed_report(
+        f"controller_dies_rank{rank}", injected, landed, facts, rc, ref, run, resumed
+    )
+    out["group_restarted_from_checkpoint"] = resumed["resumed_from_checkpoint"]
     return out
 
 
@@ -313,7 +472,9 @@ def _kill_judges_after(tmp: Path, run: Path, job: list[str], step: int):
     url = _judge_url(run) if victims else ""
     for p in victims:
         p.kill()
-    return proc, victims, url
+    facts = fault_facts(run)
+    facts["run_alive_at_kill"] = proc.poll() is None
+    return proc, victims, url, facts
 
 
 def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
@@ -321,7 +482,7 @@ def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
     from mmyatt.rewards.judge_pool import check_health
 
     run = tmp / "judge_crash"
-    proc, victims, url = _kill_judges_after(tmp, run, job, 2)
+    proc, victims, url, facts = _kill_judges_after(tmp, run, job, 2)
     t_kill = time.perf_counter()
     down_s = None
     while victims and proc.poll() is None and time.perf_counter() - t_kill < 120:
@@ -334,7 +495,19 @@ def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
     log = (tmp / "judge_crash.log").read_text(errors="replace")
     out["judge_restarts"] = log.count("restarting it on the same port")
     out["judge_down_s"] = round(down_s, 1) if down_s is not None else None
-    out["survived"] = out["survived"] and out["judge_restarts"] == 1
+    # mid-run: the run was alive and had not finished its steps when the judge died; it
+    # went on without a restart of its own (no resume)
+    out["landed"] = bool(
+        victims and facts["run_alive_at_kill"] and facts["last_logged_step"] < STEPS
+    )
+    out["at_fault"] = facts
+    out["resume_lines"] = resume_facts(log, None)["resume_lines"]
+    out["survived"] = bool(
+        out["survived"]
+        and out["judge_restarts"] == 1
+        and out["landed"]
+        and out["resume_lines"] == 0
+    )
     return out
 
 
@@ -343,24 +516,31 @@ def scenario_judge_gone(tmp: Path, ref: Path, job: list[str]) -> dict:
     last complete step and stops naming the judge URL; a rerun resumes from there."""
     run = tmp / "judge_gone"
     gone = [*job[:-1], "reward.judge.max_retries=3", "reward.judge.max_restarts=0"]
-    proc, victims, url = _kill_judges_after(tmp, run, gone, 3)
+    proc, victims, url, facts = _kill_judges_after(tmp, run, gone, 3)
     rc_stop = _wait(proc)
-    log = (tmp / "judge_gone.log").read_text(errors="replace")
-    state = run / "checkpoints" / "state"
-    steps = sorted(int(p.parent.name[5:]) for p in state.glob("step_*/COMPLETE"))
+    log = _log_text(tmp, run)
+    steps = _complete_checkpoints(run)
     out_stop = {
         "stop_exit_code": rc_stop,
         "error_names_judge_url": bool(url) and "JudgeUnavailableError" in log and url in log,
         "checkpoint_before_stop": steps[-1] if steps else None,
     }
+    offset = len(log)
     rc = _finish(tmp, run, job=job)  # a judge again: resume
     out = _report("judge_gone", bool(victims), rc, ref, run)
     out.update(out_stop)
+    out["landed"] = bool(
+        victims and facts["run_alive_at_kill"] and facts["last_logged_step"] < STEPS
+    )
+    out["at_fault"] = facts
+    out.update(resume_facts(_log_text(tmp, run, offset), out_stop["checkpoint_before_stop"]))
     out["survived"] = bool(
         out["survived"]
+        and out["landed"]
         and rc_stop not in (0, -9)
         and out_stop["error_names_judge_url"]
         and f"checkpoint of step {steps[-1] if steps else -1} in" in log
+        and out["resumed_from_checkpoint"]
     )
     return out
 
@@ -509,6 +689,11 @@ def bench_faults(quick: bool = False) -> dict:
         "faults_injected": sum(r["injected"] for r in results),
         "faults_survived": sum(r["survived"] for r in results),
         "records_lost": sum(r["records_lost"] or 0 for r in results),
+        "faults_landed_where_aimed": sum(r["landed"] for r in results if "landed" in r),
+        "faults_aimed": sum("landed" in r for r in results),
+        "reruns_resumed_from_checkpoint": sum(
+            bool(r.get("resumed_from_checkpoint")) for r in results
+        ),
         "scenarios": results,
         "wall_s": time.perf_counter() - t0,
     }
