@@ -21,6 +21,36 @@ from mmyatt.metrics import read_metrics
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
+# every benchmark, in the order `mmyatt bench all` runs them; bench NAME writes
+# bench/<NAME with _ for ->.json
+BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding")
+
+
+def bench_file(name: str) -> str:
+    """The committed JSON file of benchmark ``name``: ``data-sharding`` -> ``data_sharding.json``."""
+    return name.replace("-", "_") + ".json"
+
+
+def write_result(result: dict, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
+
+
+def run_all(out_dir: str | Path, quick: bool = False, names=BENCHES) -> dict[str, Path]:
+    """Run every benchmark one after another and write each one's JSON into ``out_dir``
+    as soon as it is measured (``bench/text_grpo.json``, ...). Returns {name: file}."""
+    written = {}
+    for name in names:
+        t0 = time.perf_counter()
+        print(f"[bench] {name} ...", flush=True)
+        result = run_bench(name, quick=quick)
+        written[name] = write_result(result, Path(out_dir) / bench_file(name))
+        print(f"[bench] {name}: {time.perf_counter() - t0:.0f} s -> {written[name]}", flush=True)
+    return written
+
+
 def run_bench(name: str, quick: bool = False) -> dict:
     if name == "text-grpo":
         return bench_text_grpo(quick)
@@ -78,23 +108,34 @@ def _train(config: Path, run_dir: Path, overrides: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+# (label, controllers, torch threads per controller): 1 core, and 2 cores used by threads
+# or by controllers
+TEXT_GRPO_ARMS = (("1proc", 1, 1), ("1proc_2threads", 1, 2), ("2proc", 2, 1))
+
+
 def bench_text_grpo(quick: bool) -> dict:
-    """The same GRPO workload (B=16 prompts x G=8 samples, 16 new tokens, tiny Qwen2)
-    on 1 and on 2 controllers, each controller with one thread."""
+    """The same GRPO workload (B=16 prompts x G=8 samples, 16 new tokens, tiny Qwen2) on
+    1 controller x 1 thread, 1 controller x 2 threads (``trainer.threads=2``) and 2
+    controllers x 1 thread each: the 2-core arms differ only in how the cores are used."""
     steps = 3 if quick else 8
     out: dict = {
         "benchmark": "text-grpo",
         "machine": _machine(),
         "steps": steps,
         "warmup_steps_excluded": 1,
+        "arms": {label: {"controllers": p, "threads": th} for label, p, th in TEXT_GRPO_ARMS},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for p in (1, 2):
-            rd = Path(tmp) / f"p{p}"
+        for label, p, threads in TEXT_GRPO_ARMS:
+            rd = Path(tmp) / label
             wall = _train(
                 CONFIGS / "bench_text_grpo.yaml",
                 rd,
-                [f"distributed.nproc={p}", f"trainer.steps={steps}"],
+                [
+                    f"distributed.nproc={p}",
+                    f"trainer.threads={threads}",
+                    f"trainer.steps={steps}",
+                ],
             )
             rows = [r for r in read_metrics(rd) if "timing/step_s" in r][1:]  # drop warm-up step
             secs = sum(r["timing/step_s"] for r in rows)
@@ -110,16 +151,21 @@ def bench_text_grpo(quick: bool) -> dict:
             )
             last = read_metrics(rd)[-1]
             rss = [v for k, v in sorted(last.items()) if k.startswith("memory/peak_rss_mb_rank")]
-            out[f"samples_per_s_{p}proc"] = samples / secs
-            out[f"tokens_per_s_{p}proc"] = tokens / secs
-            out[f"step_s_{p}proc"] = secs / len(rows)
-            out[f"phase_share_{p}proc"] = {
+            out[f"samples_per_s_{label}"] = samples / secs
+            out[f"tokens_per_s_{label}"] = tokens / secs
+            out[f"step_s_{label}"] = secs / len(rows)
+            out[f"phase_share_{label}"] = {
                 ph: sum(r.get(f"timing/{ph}_share", 0) for r in rows) / len(rows) for ph in phases
             }
-            out[f"peak_rss_mb_{p}proc"] = rss
-            out[f"wall_s_{p}proc"] = wall
+            out[f"peak_rss_mb_{label}"] = rss
+            out[f"wall_s_{label}"] = wall
     out["peak_rss_mb_per_controller"] = out["peak_rss_mb_2proc"]
-    out["speedup_2proc_over_1proc"] = out["samples_per_s_2proc"] / out["samples_per_s_1proc"]
+    one = out["samples_per_s_1proc"]
+    out["speedup_2proc_over_1proc"] = out["samples_per_s_2proc"] / one
+    out["speedup_1proc_2threads_over_1proc"] = out["samples_per_s_1proc_2threads"] / one
+    out["speedup_2proc_over_1proc_2threads"] = (
+        out["samples_per_s_2proc"] / out["samples_per_s_1proc_2threads"]
+    )
     return out
 
 

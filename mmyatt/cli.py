@@ -10,7 +10,14 @@ from pathlib import Path
 
 from mmyatt.config import ConfigError
 
-BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding")
+BENCHES = (
+    "text-grpo",
+    "flow-grpo",
+    "checkpoint",
+    "faults",
+    "genrm",
+    "data-sharding",
+)  # = bench.BENCHES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--api-key", default=None)
 
-    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}")
-    b.add_argument("name", choices=BENCHES)
-    b.add_argument("--out", required=True, help="JSON file for the measured figures")
+    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}, or all of them")
+    b.add_argument("name", choices=(*BENCHES, "all"))
+    b.add_argument(
+        "--out",
+        required=True,
+        help="JSON file for the measured figures; with `all`, a folder that gets one file "
+        "per benchmark (bench/ holds the committed ones: text_grpo.json, ...)",
+    )
     b.add_argument("--quick", action="store_true", help="smaller workload (for tests)")
 
     i = sub.add_parser("inspect", help="summarise a run directory")
@@ -89,11 +101,16 @@ def dispatch(args) -> int:
 
         return cli_main(args)
     if args.cmd == "bench":
-        from mmyatt.bench import run_bench
+        from mmyatt.bench import run_all, run_bench, write_result
 
+        if args.name == "all":
+            if Path(args.out).suffix == ".json":
+                print("mmyatt: bench all --out takes a folder, e.g. bench/", file=sys.stderr)
+                return 2
+            run_all(args.out, quick=args.quick)
+            return 0
         result = run_bench(args.name, quick=args.quick)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        write_result(result, args.out)
         print(json.dumps(result, indent=2))
         return 0
     if args.cmd == "inspect":
