@@ -1,0 +1,192 @@
+"""Bench plumbing: `bench all` writes the committed files, data-sharding's quick JSON
+holds measured figures, the checkpoint arms are warmed alike, and the faults bench's
+from-outside checks fail when a kill did not land or a rerun did not resume."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmyatt import bench, cli
+from mmyatt import faults_bench as fb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_names_and_files_match_the_committed_ones():
+    assert cli.BENCHES == bench.BENCHES
+    assert bench.bench_file("data-sharding") == "data_sharding.json"
+    files = {bench.bench_file(n) for n in bench.BENCHES}
+    assert files == {
+        "text_grpo.json",
+        "flow_grpo.json",
+        "checkpoint.json",
+        "faults.json",
+        "genrm.json",
+        "data_sharding.json",
+    }
+    assert {p.name for p in (ROOT / "bench").glob("*.json")} <= files
+
+
+def test_bench_all_writes_one_file_per_bench(tmp_path, monkeypatch):
+    ran = []
+
+    def fake(name, quick=False):
+        ran.append((name, quick))
+        return {"benchmark": name}
+
+    monkeypatch.setattr(bench, "run_bench", fake)
+    assert cli.main(["bench", "all", "--out", str(tmp_path / "out"), "--quick"]) == 0
+    assert ran == [(n, True) for n in bench.BENCHES]
+    for name in bench.BENCHES:
+        assert json.loads((tmp_path / "out" / bench.bench_file(name)).read_text()) == {
+            "benchmark": name
+        }
+    assert cli.main(["bench", "all", "--out", str(tmp_path / "x.json")]) == 2
+    # one bench to one file still works
+    assert cli.main(["bench", "genrm", "--out", str(tmp_path / "g.json")]) == 0
+    assert json.loads((tmp_path / "g.json").read_text()) == {"benchmark": "genrm"}
+
+
+def test_text_grpo_has_the_one_controller_two_threads_arm():
+    arms = {label: (p, th) for label, p, th in bench.TEXT_GRPO_ARMS}
+    assert arms == {"1proc": (1, 1), "1proc_2threads": (1, 2), "2proc": (2, 1)}
+
+
+def test_checkpoint_bench_warms_both_arms_alike(tmp_path):
+    from mmyatt.checkpoint_bench import bench_checkpoint
+
+    out = bench_checkpoint(quick=True, root=tmp_path)
+    assert out["reps"] >= 5 and out["warmup_saves_discarded"] == 1
+    for arm in ("sync_save_s", "async_stall_s", "async_complete_s"):
+        assert len(out["samples"][arm]) == out["reps"]
+        assert len(out["warmup_samples"][arm]) == 1
+    assert out["sync_save_s"] == round(sorted(out["samples"]["sync_save_s"])[2], 4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_sharding_quick_reports_measured_memory():
+    from mmyatt.data_bench import bench_data_sharding
+
+    out = bench_data_sharding(quick=True)
+    ranks = out["controllers_p4"]["ranks"]
+    drv, workers = out["driver_p4"]["driver"], out["driver_p4"]["workers"]
+    assert out["controller_peak_rss_mb_p4"] == max(r["peak_rss_mb"] for r in ranks)
+    assert out["driver_peak_rss_mb"] == drv["peak_rss_mb"] > 0
+    assert out["driver_over_controller_rss_p4"] == round(
+        out["driver_peak_rss_mb"] / out["controller_peak_rss_mb_p4"], 3
+    )
+    # the driver decoded and held everything and sent every worker its share
+    assert drv["bytes_held"] == out["decoded_bytes_total"] == sum(r["bytes_held"] for r in ranks)
+    assert [w["bytes_held"] for w in workers] == [r["bytes_held"] for r in ranks]
+    assert sum(w["bytes_received"] for w in workers) == out["driver_bytes_sent"] > 0
+    assert all(r["peak_rss_mb"] > 0 for r in [*ranks, *workers, out["idle"]])
+
+
+# ---- faults: the from-outside checks ---------------------------------------------------
+
+
+def _run_dir(tmp_path: Path, logged: list[int], complete: list[int], partial=()) -> Path:
+    run = tmp_path / "run"
+    state = run / "checkpoints" / "state"
+    state.mkdir(parents=True)
+    rows = [{"step": 0, "eval/reward/mean": 0.1}]
+    rows += [{"step": s, "reward/mean": 0.5} for s in logged]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for s in complete:
+        (state / f"step_{s:08d}").mkdir()
+        (state / f"step_{s:08d}" / "COMPLETE").write_text("{}")
+    for s in partial:
+        (state / f"step_{s:08d}.tmp").mkdir()
+        (state / f"step_{s:08d}.tmp" / "rank0.done").write_text("{}")
+    return run
+
+
+def _marks(tmp_path: Path, ranks=(0,)) -> Path:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    for r in ranks:
+        (marks / f"rank{r}_pid{100 + r}.json").write_text(json.dumps({"rank": r, "pid": 100 + r}))
+    return marks
+
+
+def test_kill_mid_step_is_seen_from_outside(tmp_path):
+    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2], [2]), _marks(tmp_path))
+    assert facts["last_logged_step"] == 2 and facts["complete_checkpoints"] == [2]
+    assert fb.landed_mid_step(facts, 3)
+
+
+def test_kill_after_the_step_finished_did_not_land(tmp_path):
+    # the kill came late: step 3 is in metrics.jsonl
+    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2, 3], [2]), _marks(tmp_path))
+    assert not fb.landed_mid_step(facts, 3)
+
+
+def test_kill_before_the_step_began_did_not_land(tmp_path):
+    # no controller had started step 3's reward (no marker): the kill came early
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2], [2]), marks)
+    assert not fb.landed_mid_step(facts, 3)
+    facts = fb.fault_facts(_run_dir(tmp_path / "b", [1], []), _marks(tmp_path / "b"))
+    assert not fb.landed_mid_step(facts, 3)
+
+
+def test_kill_mid_save_needs_a_partial_checkpoint(tmp_path):
+    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2, 3, 4], [2], partial=[4]))
+    assert facts["partial_checkpoints"] == [4] and fb.landed_mid_save(facts, 4)
+    # the save had finished: step 4 is complete, nothing partial
+    facts = fb.fault_facts(_run_dir(tmp_path / "b", [1, 2, 3, 4], [2, 4]))
+    assert not fb.landed_mid_save(facts, 4)
+
+
+def test_resume_is_read_from_the_rerun_log():
+    line = "[resume] from /tmp/x/run/checkpoints/state/step_00000002: continuing at step 3\n"
+    assert fb.resume_facts("[config] ...\n" + line, 2) == {
+        "resume_lines": 1,
+        "resumed_from_step": 2,
+        "continued_at_step": 3,
+        "resumed_from_checkpoint": True,
+    }
+    assert not fb.resume_facts("[train] steps 1..6\n", 2)["resumed_from_checkpoint"]  # fresh
+    assert not fb.resume_facts(line.replace("00002", "00004"), 2)["resumed_from_checkpoint"]
+    assert not fb.resume_facts(line + line, 2)["resumed_from_checkpoint"]  # restarted twice
+    assert not fb.resume_facts(line, None)["resumed_from_checkpoint"]
+
+
+def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
+    (tmp_path / "faultreward_t.py").write_text(fb.REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env, _ = fb._arm(tmp_path / "marks_run", hold_s=0)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("RANK", "1")
+    marks = Path(env["FAULT_MARK_DIR"])
+    mod = importlib.import_module("faultreward_t")
+    try:
+        for _ in range(24):  # the step-0 eval, steps 1 and 2
+            assert mod.reward("abc", {}) == 0.3
+        assert fb._markers(marks) == []
+        mod.reward("abc", {})  # call 25: step 3
+        (m,) = fb._markers(marks)
+        assert m["rank"] == 1 and m["call"] == 25
+        (marks / "ARMED").unlink()
+        mod = importlib.reload(mod)
+        for _ in range(32):
+            mod.reward("abc", {})
+        assert len(fb._markers(marks)) == 1  # disarmed: no new marker
+    finally:
+        sys.modules.pop("faultreward_t", None)
+
+
+@pytest.mark.slow
+def test_quick_faults_bench_kill_lands_mid_step_and_resumes():
+    out = fb.bench_faults(quick=True)
+    (kill,) = [s for s in out["scenarios"] if s["fault"] == "kill_during_step"]
+    assert kill["landed"] and kill["at_fault"]["last_logged_step"] == 2
+    assert kill["resumed_from_step"] == 2 and kill["continued_at_step"] == 3
+    assert kill["survived"] and kill["records_lost"] == 0
