@@ -144,7 +144,9 @@ def draw_shape(
 
 
 def shape_caption(colour: str, shape: str) -> str:
-    """>>> shape_caption("red", "circle")
+    """The prompt for one colour and shape.
+
+    >>> shape_caption("red", "circle")
     'a red circle'
     """
     _check(colour, shape)
@@ -152,7 +154,9 @@ def shape_caption(colour: str, shape: str) -> str:
 
 
 def motion_caption(colour: str, shape: str, direction: str) -> str:
-    """>>> motion_caption("red", "square", "right")
+    """The prompt for a moving shape.
+
+    >>> motion_caption("red", "square", "right")
     'a red square moving right'
     """
     if direction not in DIRECTIONS:

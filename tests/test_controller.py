@@ -83,6 +83,7 @@ def test_nonfinite_reward_skips_step_and_counts(tmp_path):
     m = write_manifest(tmp_path / "m.jsonl", ["nan"] * 8)
     ctl = make_controller(tmp_path, m, Dist(), [])
     before = [p.detach().clone() for p in ctl.params]
+    assert before
     out = ctl.step()
     assert out["step/skipped_nonfinite_reward"] == 1.0
     assert ctl.counters["faults/nonfinite_reward_steps"] == 1
@@ -111,7 +112,7 @@ def _join(rank: int, world: int, store: str) -> Dist:
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=world
     )
-    return init_from_env("gloo")
+    return init_from_env("gloo", device="cpu")
 
 
 def _rank_main(rank: int, world: int, port: int, tmp: str, manifest: str, overrides, steps, out):
@@ -182,6 +183,7 @@ def test_nonfinite_loss_is_never_applied(tmp_path):
     m = write_manifest(tmp_path / "m.jsonl", ["learn"] * 16)
     ctl = make_controller(tmp_path, m, Dist(), [])
     before = [p.detach().clone() for p in ctl.params]
+    assert before
     honest = ctl.policy.logprobs
 
     def poisoned(rollout, with_entropy=False):

@@ -33,11 +33,7 @@ KNOWN = {
     "mmyatt.datasets.vision_tasks",
 }
 # examples that do not pass yet, each with why; strict, so a fix makes the entry fail
-BROKEN = {
-    "mmyatt.datasets.shapes": "the expected outputs of shape_caption and motion_caption "
-    "are indented one level deeper than their '>>>' lines, so doctest compares against "
-    "'    ' + the caption",
-}
+BROKEN: dict[str, str] = {}
 
 
 def modules_with_examples() -> list[str]:

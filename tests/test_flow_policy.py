@@ -193,6 +193,7 @@ def test_ema_swap_and_restore():
     policy = _policy(lora=LORA)
     params = {n: p for n, p in policy.module().named_parameters() if p.requires_grad}
     old = {n: p.detach().clone() for n, p in params.items()}
+    assert params  # the LoRA weights are trainable
     with policy.ema_weights():  # no EMA yet: a no-op
         assert all(torch.equal(p, old[n]) for n, p in params.items())
     policy.ema_update(0.5)
@@ -218,7 +219,8 @@ def test_lora_and_merged_save_load(tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(lora_file), "pt") as f:
-        assert all(k.startswith("transformer.") and ".lora_" in k for k in f.keys())
+        keys = list(f.keys())
+    assert keys and all(k.startswith("transformer.") and ".lora_" in k for k in keys)
     loaded = FlowPolicy.load(tmp_path / "lora")
     assert loaded.lora["r"] == 4 and loaded.lora["alpha"] == 8
     with torch.no_grad():
