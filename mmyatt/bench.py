@@ -7,6 +7,7 @@ invocation and reports ratios next to the raw figures.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -78,13 +79,13 @@ def run_bench(name: str, quick: bool = False) -> dict:
 
 
 def _machine() -> dict:
-    import os
-
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
+        # other work on the cores while the bench ran (1, 5, 15-minute load averages)
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -159,6 +160,7 @@ def bench_text_grpo(quick: bool) -> dict:
             }
             out[f"peak_rss_mb_{label}"] = rss
             out[f"wall_s_{label}"] = wall
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["peak_rss_mb_per_controller"] = out["peak_rss_mb_2proc"]
     one = out["samples_per_s_1proc"]
     out["speedup_2proc_over_1proc"] = out["samples_per_s_2proc"] / one

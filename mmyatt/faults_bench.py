@@ -8,8 +8,8 @@ Text GRPO, rule reward:
 
 * ``kill_during_step``: SIGKILL the whole process tree while step 3 runs, restart.
 * ``kill_during_save``: SIGKILL while the step-4 checkpoint is being written (a delay
-  before its completion marker widens the window), restart; the partial checkpoint
-  must be ignored.
+  before its completion marker, in step 4's saves only, widens the window), restart;
+  the partial checkpoint must be ignored and the step-2 one resumed.
 * ``sigterm``: SIGTERM to every process while step 3 runs; the run finishes the step,
   saves it and exits 0; restart.
 * ``nan_reward``: the reward is NaN for one step; that step is skipped and counted.
@@ -100,6 +100,9 @@ def reward(completion, record):
         lo, hi = map(int, nan_calls.split("-"))
         if lo <= calls <= hi:
             return float("nan")
+    delay_from = os.environ.get("FAULT_SAVE_DELAY_FROM_CALL")
+    if delay_from and calls >= int(delay_from):  # delay only the saves after this call
+        os.environ["MMYATT_FAULT_SAVE_DELAY_S"] = os.environ["FAULT_SAVE_DELAY_S"]
     mark = os.environ.get("FAULT_MARK_CALLS")
     if mark and not held and os.path.exists(os.environ["FAULT_ARM"]):
         lo, hi = map(int, mark.split("-"))
@@ -117,6 +120,7 @@ def reward(completion, record):
 # Each controller's reward calls: the step-0 eval scores 8 prompts per rank, then every
 # step scores 8 samples per rank, so calls 25-32 of a controller are step 3.
 STEP3_CALLS = "25-32"
+STEP4_FIRST_CALL = 33
 STEPS = 6  # trainer.steps of every job
 
 
@@ -380,9 +384,18 @@ def scenario_kill_during_save(tmp: Path, ref: Path) -> dict:
     are in, rank 0 holds before the completion marker); the rerun must ignore the
     partial checkpoint and resume from step 2."""
     run = tmp / "kill_save"
-    proc = _start(tmp, run, {"MMYATT_FAULT_SAVE_DELAY_S": "30"})
+    # rank 0 holds 30 s before writing the completion marker, from step 4's reward on:
+    # the step-2 checkpoint completes as usual
+    env = {"FAULT_SAVE_DELAY_FROM_CALL": str(STEP4_FIRST_CALL), "FAULT_SAVE_DELAY_S": "30"}
+    proc = _start(tmp, run, env)
     state = run / "checkpoints" / "state"
-    injected = _wait_for(lambda: (state / "step_00000004.tmp" / "rank1.done").exists(), proc)
+    injected = _wait_for(
+        lambda: (
+            (state / "step_00000004.tmp" / "rank1.done").exists()
+            and 2 in _complete_checkpoints(run)
+        ),
+        proc,
+    )
     time.sleep(0.5)
     _kill_tree(proc, signal.SIGKILL)
     proc.wait()

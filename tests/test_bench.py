@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -165,6 +166,9 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("FAULT_SAVE_DELAY_FROM_CALL", str(fb.STEP4_FIRST_CALL))
+    monkeypatch.setenv("FAULT_SAVE_DELAY_S", "30")
+    monkeypatch.setenv("MMYATT_FAULT_SAVE_DELAY_S", "0")  # restored when the test ends
     marks = Path(env["FAULT_MARK_DIR"])
     mod = importlib.import_module("faultreward_t")
     try:
@@ -174,6 +178,11 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
         mod.reward("abc", {})  # call 25: step 3
         (m,) = fb._markers(marks)
         assert m["rank"] == 1 and m["call"] == 25
+        for _ in range(7):  # the rest of step 3: no checkpoint delay yet
+            mod.reward("abc", {})
+        assert os.environ["MMYATT_FAULT_SAVE_DELAY_S"] == "0"
+        mod.reward("abc", {})  # call 33: step 4, whose checkpoint is delayed
+        assert os.environ["MMYATT_FAULT_SAVE_DELAY_S"] == "30"
         (marks / "ARMED").unlink()
         mod = importlib.reload(mod)
         for _ in range(32):
