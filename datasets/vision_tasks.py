@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 from .media import write_video
-from .shapes import COLOURS, SHAPES, draw_shape, moving_shape_clip
+from .shapes import COLOURS, SHAPES, draw_shape, is_heldout, moving_shape_clip
 
 IMAGE_SIZE = 56
 JITTER = 0.1  # centre jitter as a fraction of the image (shapes.draw_shape's default: 0.15)
@@ -57,6 +57,16 @@ def draw(
     return draw_shape(colour, shape, size=size, rng=rng, jitter=JITTER)
 
 
+def _pick(rng: np.random.Generator, exclude) -> tuple[str, str]:
+    """A (colour, shape) drawn uniformly, redrawn while it is in ``exclude``."""
+    colours = list(COLOURS)
+    while True:
+        colour = colours[int(rng.integers(len(colours)))]
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        if not is_heldout((colour, shape), exclude):
+            return colour, shape
+
+
 # --- colour / shape questions ----------------------------------------------------------
 def shape_records(
     n: int,
@@ -64,20 +74,20 @@ def shape_records(
     seed: int,
     questions: tuple[str, ...] = ("colour", "shape"),
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
+    exclude=(),
 ) -> list[dict]:
     """``n`` records with in-memory PIL images; questions cycle through ``questions``;
-    image sides are drawn from ``sizes``.
+    image sides are drawn from ``sizes``; no image shows a (colour, shape) in
+    ``exclude``.
 
     >>> r = shape_records(2, seed=0)
     >>> r[0]["prompt"], r[1]["prompt"]
     ('What colour is the shape?', 'What shape is it?')
     """
     rng = np.random.default_rng([seed, 1])
-    colours = list(COLOURS)
     out = []
     for i in range(n):
-        colour = colours[int(rng.integers(len(colours)))]
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        colour, shape = _pick(rng, exclude)
         kind = questions[i % len(questions)]
         out.append(
             {
@@ -94,10 +104,13 @@ def shape_records(
 
 
 # --- judge data ------------------------------------------------------------------------
-def judge_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) -> list[dict]:
+def judge_records(
+    n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,), exclude=()
+) -> list[dict]:
     """``n`` Yes/No records: ``n // 2`` positives (rounded up), negatives cycling through
     wrong colour / wrong shape / both in a shuffled order (counts within 1 of each
-    other), in random order. In-memory PIL images."""
+    other), in random order. In-memory PIL images. Neither the image nor the question
+    is ever a (colour, shape) in ``exclude``."""
     rng = np.random.default_rng([seed, 2])
     colours = list(COLOURS)
     n_pos = (n + 1) // 2
@@ -105,13 +118,15 @@ def judge_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) 
     kinds = [kinds[i] for i in rng.permutation(n)]
     out = []
     for i, kind in enumerate(kinds):
-        colour = colours[int(rng.integers(len(colours)))]
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
-        claimed_colour, claimed_shape = colour, shape
-        if kind in ("colour", "both"):
-            claimed_colour = _other(colours, colour, rng)
-        if kind in ("shape", "both"):
-            claimed_shape = _other(list(SHAPES), shape, rng)
+        while True:
+            colour, shape = _pick(rng, exclude)
+            claimed_colour, claimed_shape = colour, shape
+            if kind in ("colour", "both"):
+                claimed_colour = _other(colours, colour, rng)
+            if kind in ("shape", "both"):
+                claimed_shape = _other(list(SHAPES), shape, rng)
+            if not is_heldout((claimed_colour, claimed_shape), exclude):
+                break
         out.append(
             {
                 "id": f"j{seed}-{i}",
@@ -129,15 +144,16 @@ def judge_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) 
     return out
 
 
-def attribute_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) -> list[dict]:
+def attribute_records(
+    n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,), exclude=()
+) -> list[dict]:
     """One-attribute Yes/No checks, alternating "Is the shape {colour}?" and "Is it a
     {shape}?", half of each true. They teach the comparison one attribute at a time."""
     rng = np.random.default_rng([seed, 5])
     colours = list(COLOURS)
     out = []
     for i in range(n):
-        colour = colours[int(rng.integers(len(colours)))]
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        colour, shape = _pick(rng, exclude)
         kind, true = ("colour", "shape")[i % 2], bool((i // 2) % 2 == 0)
         if kind == "colour":
             claim = colour if true else _other(colours, colour, rng)
@@ -166,17 +182,19 @@ def judge_training_mix(
     classification_fraction: float = 0.5,
     attribute_fraction: float = 0.0,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
+    exclude=(),
 ) -> list[dict]:
     """Judge SFT data, shuffled: Yes/No judge records (:func:`judge_records`) with colour
     and shape questions (``classification_fraction`` of the total) and one-attribute
-    checks (``attribute_fraction``, :func:`attribute_records`) mixed in."""
+    checks (``attribute_fraction``, :func:`attribute_records`) mixed in; no (colour,
+    shape) in ``exclude`` is shown or asked about."""
     n_cls = int(round(n * classification_fraction))
     n_attr = int(round(n * attribute_fraction))
     if n_cls + n_attr > n:
         raise ValueError("classification_fraction + attribute_fraction must be <= 1")
-    records = judge_records(n - n_cls - n_attr, seed=seed, sizes=sizes)
-    records += shape_records(n_cls, seed=seed + 7919, sizes=sizes)
-    records += attribute_records(n_attr, seed=seed + 15485863, sizes=sizes)
+    records = judge_records(n - n_cls - n_attr, seed=seed, sizes=sizes, exclude=exclude)
+    records += shape_records(n_cls, seed=seed + 7919, sizes=sizes, exclude=exclude)
+    records += attribute_records(n_attr, seed=seed + 15485863, sizes=sizes, exclude=exclude)
     order = np.random.default_rng([seed, 3]).permutation(len(records))
     return [records[i] for i in order]
 
@@ -291,6 +309,24 @@ def _messages(record: dict) -> list[dict]:
     ]
 
 
+def heldout_judge_records(
+    n: int, *, seed: int, combos, sizes: tuple[int, ...] = (IMAGE_SIZE,)
+) -> list[dict]:
+    """``n`` Yes/No records (drawn as :func:`judge_records`) in which the image or the
+    question is one of ``combos``: how a judge trained with ``exclude=combos`` does on
+    the combinations it never saw."""
+    out: list[dict] = []
+    k = 0
+    while len(out) < n:
+        for r in judge_records(4 * n, seed=seed + 7 * k, sizes=sizes):
+            if is_heldout((r["colour"], r["shape"]), combos) or is_heldout(
+                (r["claimed_colour"], r["claimed_shape"]), combos
+            ):
+                out.append(r)
+        k += 1
+    return out[:n]
+
+
 def judge_accuracy(
     policy, records: list[dict], *, batch_size: int = 64, top_k: int = 20
 ) -> dict[str, Any]:
@@ -368,9 +404,14 @@ def train_judge(
     n_eval: int = 600,
     n_test: int = 1200,
     eval_every: int = 100,
+    exclude=(),
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Train the tiny Yes/No judge with ``VLMPolicy.sft_loss``; save the best to ``out_dir``.
+
+    ``exclude``: (colour, shape) combinations no training or selection record shows or
+    asks about (the built-in judge excludes ``shapes.HELDOUT``, the flow recipes'
+    held-out combinations); the final test reports them separately.
 
     Recipe (one CPU thread is enough): a tiny Qwen2-VL of ``size``
     (:func:`mmyatt.models.tiny_vlm.build_tiny_vlm`, seeded), AdamW at ``lr`` without
@@ -409,11 +450,17 @@ def train_judge(
     model = policy.module()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    eval_records = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
-    cls_eval = shape_records(192, seed=20_000 + seed, sizes=sizes)
+    ex = tuple(exclude)
+    eval_records = judge_records(n_eval, seed=10_000 + seed, sizes=sizes, exclude=ex)
+    cls_eval = shape_records(192, seed=20_000 + seed, sizes=sizes, exclude=ex)
     stages: list[tuple[str, Callable[[int], list[dict]]]] = [
-        ("shape", lambda s: shape_records(batch_size, seed=s, questions=("shape",), sizes=sizes)),
-        ("classification", lambda s: shape_records(batch_size, seed=s, sizes=sizes)),
+        (
+            "shape",
+            lambda s: shape_records(
+                batch_size, seed=s, questions=("shape",), sizes=sizes, exclude=ex
+            ),
+        ),
+        ("classification", lambda s: shape_records(batch_size, seed=s, sizes=sizes, exclude=ex)),
         (
             "judge",
             lambda s: judge_training_mix(
@@ -422,6 +469,7 @@ def train_judge(
                 sizes=sizes,
                 classification_fraction=classification_fraction,
                 attribute_fraction=attribute_fraction,
+                exclude=ex,
             ),
         ),
     ]
@@ -505,11 +553,13 @@ def generator_samples(
     noise_levels: tuple[float, ...] = (0.0, 0.4, 0.7, 1.0),
     denoise_steps: tuple[int, ...] = (10, 20),
     batch: int = 32,
+    exclude=(),
 ) -> list[dict]:
     """``n`` images drawn by the flow model at ``generator_dir`` for random shape
     captions: {"id", "prompt", "colour", "shape", "image"} (the caption's attributes, not
     what was drawn). Chunks of ``batch`` cycle through ``noise_levels`` (0 = ODE) and
-    ``denoise_steps``, so the pool covers what RL rollouts and ODE evals look like."""
+    ``denoise_steps``, so the pool covers what RL rollouts and ODE evals look like.
+    No caption is a (colour, shape) in ``exclude``."""
     import torch
 
     from mmyatt.models.flow import FlowPolicy
@@ -518,7 +568,7 @@ def generator_samples(
     from .shapes import shape_records as caption_records
 
     policy = FlowPolicy.load(generator_dir)
-    records = caption_records(n, seed)
+    records = caption_records(n, seed, tuple(exclude))
     out: list[dict] = []
     with torch.no_grad():
         for k, start in enumerate(range(0, n, batch)):
@@ -538,6 +588,7 @@ def rule_judge_records(
     seed: int,
     threshold: float = 0.5,
     ambiguous: tuple[float, float] | None = None,
+    exclude=(),
 ) -> list[dict]:
     """Two judge questions per generated image, answered by the rule check
     (:func:`mmyatt.rewards.image.prompt_alignment_rule` >= ``threshold`` -> "Yes"): the
@@ -548,7 +599,8 @@ def rule_judge_records(
     ``ambiguous`` = (lo, hi) leaves out images whose blob fill
     (:func:`mmyatt.rewards.image.shape_fill`) lies in [lo, hi): the band around the
     rule's square/circle boundary (0.89) where a ragged square and a round blob overlap,
-    so the rule's verdict there is a coin the judge should not be taught."""
+    so the rule's verdict there is a coin the judge should not be taught. A claim in
+    ``exclude`` is replaced by another drawn the same way."""
     from mmyatt.rewards.image import prompt_alignment_rule, shape_fill
 
     if ambiguous is not None and not ambiguous[0] < ambiguous[1]:
@@ -557,9 +609,14 @@ def rule_judge_records(
     colours = list(COLOURS)
     out = []
     for i, s in enumerate(samples):
-        u = rng.random()  # drawn for every sample, so the claims do not depend on the band
-        other_colour = _other(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
-        other_shape = _other(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
+        while True:  # drawn for every sample, so the claims do not depend on the band
+            u = rng.random()
+            other_colour = _other(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
+            other_shape = (
+                _other(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
+            )
+            if not is_heldout((other_colour, other_shape), exclude):
+                break
         if ambiguous is not None:
             fill = shape_fill(s["image"])
             if fill is not None and ambiguous[0] <= fill < ambiguous[1]:
@@ -623,9 +680,11 @@ def finetune_judge_on_generator(
     eval_every: int = 100,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
     ambiguous: tuple[float, float] | None = None,
+    exclude=(),
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune a Yes/No judge on the generator's own samples, labelled by the rule.
+    No sample's caption, claim or clean record is a (colour, shape) in ``exclude``.
 
     A judge trained only on clean drawn shapes agrees with the rule check on the tiny
     generator's blobby samples barely above chance, and RL against it finds textures it
@@ -657,12 +716,18 @@ def finetune_judge_on_generator(
         s_train, s_held = seed + 1000 * k, 50_000 + seed + 1000 * k
         n_k, h_k = pool // len(gens), (n_eval // 2) // len(gens)
         train_pool += rule_judge_records(
-            generator_samples(gen, n_k, seed=s_train), seed=s_train, ambiguous=ambiguous
+            generator_samples(gen, n_k, seed=s_train, exclude=exclude),
+            seed=s_train,
+            ambiguous=ambiguous,
+            exclude=exclude,
         )
         held += rule_judge_records(
-            generator_samples(gen, h_k, seed=s_held), seed=s_held, ambiguous=ambiguous
+            generator_samples(gen, h_k, seed=s_held, exclude=exclude),
+            seed=s_held,
+            ambiguous=ambiguous,
+            exclude=exclude,
         )
-    clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes)
+    clean_eval = judge_records(n_eval, seed=10_000 + seed, sizes=sizes, exclude=exclude)
     yes = np.mean([r["answer"] == "Yes" for r in train_pool])
     say(f"pool: {len(train_pool)} questions, {yes:.2f} answered Yes by the rule")
     policy = VLMPolicy.load(judge_dir, max_prompt_tokens=64)
@@ -695,6 +760,7 @@ def finetune_judge_on_generator(
             sizes=sizes,
             classification_fraction=0.25,
             attribute_fraction=0.25,
+            exclude=exclude,
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)

@@ -410,8 +410,31 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     return _KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
 
 
-def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
+def within_blocks(x: Tensor, block: int) -> Tensor:
+    """``x`` minus its mean over each ``block`` x ``block`` tile of the last two (spatial)
+    dimensions: the component of an image (or of every frame) that varies inside the
+    tiles. Block averaging is an orthogonal projection, so this is too.
+
+    >>> within_blocks(torch.arange(4.0).reshape(1, 2, 2), 2).tolist()
+    [[[-1.5, -0.5], [0.5, 1.5]]]
+    """
+    h, w = x.shape[-2:]
+    if block < 1 or h % block or w % block:
+        raise ValueError(f"block {block} must divide the spatial size {h}x{w}")
+    flat = x.reshape(-1, 1, h, w)
+    avg = torch.nn.functional.avg_pool2d(flat, block)
+    up = avg.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
+    return (flat - up).reshape(x.shape)
+
+
+def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor, block: int = 0) -> Tensor:
     """KL(N(mean, std^2 I) || N(ref_mean, std^2 I)) per row, averaged over elements.
+
+    ``block`` > 0: the KL of the steps' components within ``block`` x ``block`` spatial
+    tiles only (:func:`within_blocks` of mean - ref_mean; the same Gaussians projected
+    on that subspace). Changes of the tile means (composition, colour, shape) are then
+    free, while texture inside the tiles (a patch transformer's grid pattern) is held to
+    the reference.
 
     For two Gaussians with the same std the KL is sum((mean - ref_mean)^2) / (2 std^2);
     it is divided by the element count here, matching the per-element mean of the flow
@@ -421,8 +444,10 @@ def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor) -> Tensor:
     """
     if mean.shape != ref_mean.shape:
         raise ValueError(f"mean {tuple(mean.shape)} vs ref_mean {tuple(ref_mean.shape)}")
-    sq = (mean.float() - ref_mean.detach().float()).square()
-    sq = sq.reshape(sq.shape[0], -1).mean(dim=1)
+    diff = mean.float() - ref_mean.detach().float()
+    if block:
+        diff = within_blocks(diff, block)
+    sq = diff.square().reshape(diff.shape[0], -1).mean(dim=1)
     std = torch.as_tensor(std, dtype=torch.float32, device=sq.device).expand(sq.shape[0])
     var = std.square()
     return torch.where(var > 0, sq / (2.0 * torch.where(var > 0, var, 1.0)), torch.zeros_like(sq))

@@ -40,6 +40,9 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     reference: Literal["lora_disabled", "frozen_copy"] = "lora_disabled"  # flow KL reference
     ema_decay: float | None = None  # flow: EMA of trained weights, used for eval when set
+    # parameter-name prefixes of policy.module() kept frozen (e.g. the flow transformer's
+    # output head [norm_out, proj_out], whose token-independent part tiles every patch)
+    freeze: tuple[str, ...] = ()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_prompt_tokens: int = 64
     prompt_overflow: Literal["reject", "truncate"] = "reject"
@@ -97,6 +100,9 @@ class AlgorithmConfig:
     # the Gaussian SDE/CPS steps from policy and reference means) or closed_form_flowgrpo
     # (the same divided by s^2 instead of s^2*|dt|, as flow_grpo's loss; its betas carry over)
     kl_estimator: Literal["k1", "k2", "k3", "closed_form", "closed_form_flowgrpo"] = "k3"
+    # closed-form KL only: k > 0 penalises only the part of each step's mean that varies
+    # within k x k pixel (latent) tiles, i.e. texture; 0 penalises the whole step
+    kl_block: int = 0
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     minibatches: int = 1
@@ -378,6 +384,14 @@ def validate(cfg: RunConfig) -> None:
             cfg.model.kind == "flow" or not cfg.algorithm.kl_estimator.startswith("closed_form"),
             f"algorithm.kl_estimator={cfg.algorithm.kl_estimator} needs a flow model (Gaussian "
             f"denoising steps), not model.kind={cfg.model.kind}; use k1, k2 or k3",
+        ),
+        (
+            cfg.algorithm.kl_block == 0
+            or (
+                cfg.algorithm.kl_block > 0 and cfg.algorithm.kl_estimator.startswith("closed_form")
+            ),
+            f"algorithm.kl_block={cfg.algorithm.kl_block} needs kl_estimator closed_form or "
+            f"closed_form_flowgrpo (got {cfg.algorithm.kl_estimator}) and must be >= 0",
         ),
         (cfg.sampling.temperature > 0, "sampling.temperature must be > 0"),
         (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),

@@ -268,7 +268,7 @@ class Controller:
         num = None
         if mb is not None and len(mb):
             if self._closed_form_kl:
-                lp, ent, kl = self.policy.logprobs_with_kl(mb, a.kl_estimator)
+                lp, ent, kl = self.policy.logprobs_with_kl(mb, a.kl_estimator, a.kl_block)
             else:
                 lp, ent = self.policy.logprobs(mb, with_entropy=True)
             dev = lp.device  # rewards and advantages live on the CPU; the policy may not

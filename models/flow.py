@@ -1010,7 +1010,7 @@ class FlowPolicy:
         rollout.context["ref_mean"] = self._reference_transitions(rollout)[2].detach()
         return rollout
 
-    def logprobs_with_kl(self, rollout: Rollout, estimator: str = "closed_form"):
+    def logprobs_with_kl(self, rollout: Rollout, estimator: str = "closed_form", block: int = 0):
         """(log-probs, entropy, KL) each (N, A): ``logprobs(with_entropy=True)`` plus the
         closed-form KL(pi || pi_ref) of every transition from one forward pass.
 
@@ -1019,7 +1019,9 @@ class FlowPolicy:
         ``"closed_form"`` uses the step's variance (std^2 = s^2 |Delta| for the SDE step,
         s^2 for CPS), the exact per-element KL; ``"closed_form_flowgrpo"`` divides by
         s^2 without the step length |Delta|, as flow_grpo's loss does (so its beta values
-        carry over); for CPS both are the same. Needs ``attach_reference_means`` first.
+        carry over); for CPS both are the same. ``block`` > 0 keeps only the components
+        that vary within ``block`` x ``block`` spatial tiles (``algorithms.kl_closed_form``).
+        Needs ``attach_reference_means`` first.
         """
         from mmyatt.algorithms import CLOSED_FORM_KL, kl_closed_form
 
@@ -1033,7 +1035,9 @@ class FlowPolicy:
         if estimator == "closed_form_flowgrpo" and ctx["sde_type"] == "sde":
             step = (ctx["sigma"] - ctx["sigma_next"]).clamp_min(0.0).sqrt()  # sqrt|Delta|
             kl_std = torch.where(step > 0, std / step.clamp_min(1e-30), std)
-        kl = kl_closed_form(mu.flatten(0, 1), ctx["ref_mean"].flatten(0, 1), kl_std.reshape(-1))
+        kl = kl_closed_form(
+            mu.flatten(0, 1), ctx["ref_mean"].flatten(0, 1), kl_std.reshape(-1), block=block
+        )
         return lp, self._entropy(std), kl.reshape(lp.shape)
 
     # ---- EMA ------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ __all__ = [
     "load_scorer",
     "motion_direction",
     "prompt_alignment_rule",
+    "shape_critic",
     "shape_fill",
     "shape_match",
 ]
@@ -360,7 +361,35 @@ def load_scorer(path: str | Path) -> Callable[..., float]:
     return reward
 
 
+# --- the independent critic -----------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _critic(path: str):
+    from mmyatt.models.shape_critic import load_shape_critic
+
+    return load_shape_critic(path)
+
+
+def _builtin_critic_path() -> str:
+    import mmyatt.models
+
+    return str(Path(mmyatt.models.__file__).resolve().parent / "builtin" / "shape_critic")
+
+
+def shape_critic(output: Output, record: dict, *, path: str | None = None) -> float:
+    """The independent critic's P(colour) x P(shape) for the record's colour and shape
+    (mean over frames for clips), in [0, 1]: a CNN trained only on clean drawn shapes
+    with their drawing labels (``mmyatt.models.shape_critic``; ``builtin:shape_critic``
+    unless ``path`` names another). No judge, rule or RL training reads it, so it checks
+    a judged reward from outside; log it with weight 0."""
+    colour = _target(record, "colour", COLOURS)
+    shape = _target(record, "shape", SHAPES)
+    frames = _frames(output)
+    critic = _critic(path or _builtin_critic_path())
+    return float(critic.score(frames, [colour] * len(frames), [shape] * len(frames)).mean())
+
+
 IMAGE_REWARDS: dict[str, Callable[..., float]] = {
+    "shape_critic": shape_critic,
     "jpeg_compressibility": jpeg_compressibility,
     "jpeg_incompressibility": jpeg_incompressibility,
     "brightness": brightness,

@@ -1,0 +1,145 @@
+"""What the reported figures rest on: held-out combinations kept out of the judge's data,
+the texture check, the block KL, frozen parameters, and a summary that says when a run
+did not finish its steps."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmyatt.algorithms import kl_closed_form, within_blocks
+from mmyatt.builders import freeze_parameters
+from mmyatt.datasets import vision_tasks as vt
+from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, draw_shape, is_heldout
+from mmyatt.rewards.quality import texture, texture_metrics
+from mmyatt.run import print_summary
+
+
+# --- the judge's data never shows or asks about a held-out combination ----------------------
+def test_judge_data_excludes_heldout_combinations():
+    recs = vt.judge_training_mix(
+        600, seed=3, classification_fraction=0.25, attribute_fraction=0.25, exclude=HELDOUT
+    )
+    assert len(recs) == 600
+    for r in recs:
+        assert not is_heldout((r["colour"], r["shape"]), HELDOUT)  # the image
+        if "claimed_colour" in r:  # the question
+            assert not is_heldout((r["claimed_colour"], r["claimed_shape"]), HELDOUT)
+    # without the exclusion the same stream does contain them (the filter is what removes them)
+    free = vt.judge_training_mix(600, seed=3, classification_fraction=0.25)
+    assert any(is_heldout((r["colour"], r["shape"]), HELDOUT) for r in free)
+    # and the held-out check set is made only of them
+    held = vt.heldout_judge_records(60, seed=1, combos=HELDOUT_TEST)
+    assert len(held) == 60
+    assert all(
+        is_heldout((r["colour"], r["shape"]), HELDOUT_TEST)
+        or is_heldout((r["claimed_colour"], r["claimed_shape"]), HELDOUT_TEST)
+        for r in held
+    )
+
+
+def test_rule_judge_claims_avoid_heldout_combinations():
+    samples = [
+        {"colour": c, "shape": s, "image": draw_shape(c, s, rng=i)}
+        for i, (c, s) in enumerate([("red", "circle"), ("blue", "square"), ("green", "circle")] * 8)
+    ]
+    recs = vt.rule_judge_records(samples, seed=0, exclude=HELDOUT)
+    assert len(recs) == 2 * len(samples)
+    assert not any(is_heldout((r["claimed_colour"], r["claimed_shape"]), HELDOUT) for r in recs)
+
+
+# --- texture ------------------------------------------------------------------------------
+def _noisy(img: Image.Image, where: str, scale: float = 20.0) -> Image.Image:
+    from mmyatt.rewards.image import foreground_mask
+
+    a = np.asarray(img, dtype=np.float64)
+    fg = foreground_mask(img)
+    mask = ~fg if where == "background" else fg
+    noise = np.random.default_rng(0).normal(0, scale, a.shape) * mask[..., None]
+    return Image.fromarray(np.clip(a + noise, 0, 255).astype(np.uint8))
+
+
+def test_texture_separates_background_and_object():
+    clean = draw_shape("blue", "square", rng=2)
+    t0 = texture(clean)
+    assert t0["background_hf"] == pytest.approx(0.0, abs=1e-9)
+    bg = texture(_noisy(clean, "background"))
+    obj = texture(_noisy(clean, "object"))
+    assert bg["background_hf"] > 0.02 and bg["object_hf"] < 0.02
+    assert obj["object_hf"] > 0.02 and obj["background_hf"] < 1e-6
+    # a clip is the mean over its frames' pixels; sums and counts add up for an all-reduce
+    assert texture([clean, clean])["background_hf"] == pytest.approx(0.0, abs=1e-9)
+    sums = texture_metrics([clean, _noisy(clean, "background")])
+    assert sums["background_hf"][1] == 2
+    assert sums["background_hf"][0] == pytest.approx(bg["background_hf"], rel=1e-9)
+
+
+# --- the block KL ---------------------------------------------------------------------------
+def test_block_kl_hand_worked():
+    mean = torch.tensor([[[1.0, 3.0], [5.0, 7.0]]])  # (1, 2, 2)
+    ref = torch.zeros_like(mean)
+    # tile mean 4; within-tile part [-3, -1, 1, 3]: mean square 5, KL = 5 / (2 * 1)
+    assert within_blocks(mean, 2).flatten().tolist() == [-3.0, -1.0, 1.0, 3.0]
+    assert kl_closed_form(mean, ref, torch.tensor([1.0]), block=2).item() == pytest.approx(2.5)
+    # whole KL: (1 + 9 + 25 + 49) / 4 / 2
+    assert kl_closed_form(mean, ref, torch.tensor([1.0])).item() == pytest.approx(10.5)
+    # a change that is constant on every tile costs nothing with block > 0
+    flat = torch.full((2, 3, 4, 4), 0.7)
+    flat[:, :, :2, :2] = -1.0
+    assert kl_closed_form(flat, torch.zeros_like(flat), torch.ones(2), block=2).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="divide"):
+        within_blocks(torch.zeros(1, 5, 5), 2)
+
+
+def test_block_kl_needs_a_closed_form_estimator():
+    from mmyatt.config import ConfigError, load_config
+
+    with pytest.raises((ConfigError, ValueError), match="kl_block"):
+        load_config(None, ["model.kind=flow", "algorithm.kl_block=4", "algorithm.kl_estimator=k3"])
+
+
+# --- frozen parameters ---------------------------------------------------------------------
+def test_freeze_parameters_by_prefix():
+    m = torch.nn.ModuleDict({"proj_out": torch.nn.Linear(2, 2), "proj_out2": torch.nn.Linear(2, 2)})
+    assert freeze_parameters(m, ["proj_out"]) == 2
+    assert not m["proj_out"].weight.requires_grad and m["proj_out2"].weight.requires_grad
+    with pytest.raises(ValueError, match="model.freeze"):
+        freeze_parameters(m, ["nothing_here"])
+
+
+# --- a run that stopped early says so --------------------------------------------------------
+def _write_run(tmp_path, done: int, planned: int, cut: bool):
+    rows = [
+        {"step": 0, "eval/reward/mean": 0.5, "eval/quality/background_hf": 0.02},
+        {"step": 1, "reward/mean": 0.5, "timing/step_s": 1.0},
+        {
+            "step": done,
+            "eval/reward/mean": 0.6,
+            "eval/quality/background_hf": 0.03,
+            "train/steps_done": float(done),
+            "train/steps_planned": float(planned),
+            "train/cut_by_time": float(cut),
+        },
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_summary_flags_a_run_cut_by_its_time_budget(tmp_path, capsys):
+    _write_run(tmp_path, 150, 200, True)
+    out = print_summary(tmp_path)
+    text = capsys.readouterr().out
+    assert "INCOMPLETE" in text and "150/200" in text and "max_minutes" in text
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved == out and saved["steps_done"] == 150 and saved["cut_by_time"] is True
+    assert saved["metrics"]["eval/quality/background_hf"]["ratio"] == pytest.approx(1.5)
+
+
+def test_summary_of_a_finished_run(tmp_path, capsys):
+    _write_run(tmp_path, 200, 200, False)
+    print_summary(tmp_path)
+    text = capsys.readouterr().out
+    assert "steps 200/200" in text and "INCOMPLETE" not in text
