@@ -172,7 +172,7 @@ def train_shape_critic(
         loss.backward()
         opt.step()
         if log and (step + 1) % 250 == 0:
-            log(f"[critic] step {step + 1}/{steps} loss {float(loss):.4f}")
+            log(f"[critic] step {step + 1}/{steps} loss {loss.item():.4f}")
     info = {"steps": steps, "seconds": round(time.perf_counter() - start, 1)}
     for name, augment in (("clean", False), ("augmented", True)):
         images, cols, shps = critic_batch(2000, seed=777_777 + seed, augment=augment)
