@@ -34,7 +34,13 @@ from torch import nn
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES
 
-__all__ = ["ShapeCritic", "critic_batch", "load_shape_critic", "train_shape_critic"]
+__all__ = [
+    "ShapeCritic",
+    "critic_batch",
+    "critic_vs_rule",
+    "load_shape_critic",
+    "train_shape_critic",
+]
 
 SIDE = 32
 _COLOURS = list(COLOURS)
@@ -184,3 +190,24 @@ def train_shape_critic(
     if out_dir is not None:
         model.save(out_dir, {"trained": info})
     return model, info
+
+
+def critic_vs_rule(generator_dir: str | Path, n: int = 192, seed: int = 60_000) -> dict:
+    """Score ``n`` 20-step ODE samples of a flow model (random captions) with the critic
+    and with ``prompt_alignment_rule``: their means, correlation and how often they give
+    the same verdict at 0.5."""
+    from mmyatt.datasets.vision_tasks import generator_samples
+    from mmyatt.rewards.image import prompt_alignment_rule, shape_critic
+
+    samples = generator_samples(
+        generator_dir, n, seed=seed, noise_levels=(0.0,), denoise_steps=(20,)
+    )
+    rule = np.array([prompt_alignment_rule(s["image"], s) for s in samples])
+    critic = np.array([shape_critic(s["image"], s) for s in samples])
+    return {
+        "rule_mean": float(rule.mean()),
+        "critic_mean": float(critic.mean()),
+        "corr": float(np.corrcoef(rule, critic)[0, 1]),
+        "same_verdict": float(((rule >= 0.5) == (critic >= 0.5)).mean()),
+        "n": n,
+    }
