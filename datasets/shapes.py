@@ -114,10 +114,14 @@ def _paint(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float
         draw.polygon([(cx, cy - r), (cx + r, cy + r), (cx - r, cy + r)], fill=fill)
 
 
-def _render(colour: str, shape: str, size: int, cx: float, cy: float, r: float) -> Image.Image:
+def _render(
+    colour: str | tuple[int, int, int], shape: str, size: int, cx: float, cy: float, r: float
+) -> Image.Image:
+    """``colour``: a palette name or an RGB triple."""
     k = _SUPERSAMPLE
     img = Image.new("RGB", (size * k, size * k), BACKGROUND)
-    _paint(ImageDraw.Draw(img), shape, cx * k, cy * k, r * k, COLOURS[colour])
+    fill = COLOURS[colour] if isinstance(colour, str) else tuple(colour)
+    _paint(ImageDraw.Draw(img), shape, cx * k, cy * k, r * k, fill)
     return img.resize((size, size), Image.BOX)
 
 

@@ -109,23 +109,33 @@ def write_arithmetic_task(
     seed: int,
     digits: int = 2,
     ops: Sequence[str] = ("+",),
+    n_val: int = 0,
 ) -> tuple[Path, Path]:
-    """Write ``out_dir/train.jsonl`` and ``out_dir/eval.jsonl`` with disjoint problems.
+    """Write ``out_dir/train.jsonl`` and ``out_dir/eval.jsonl`` with disjoint problems,
+    and with ``n_val`` > 0 ``out_dir/val.jsonl`` disjoint from both (for choices made
+    during a run, such as the SFT stopping check, so they never look at the reported eval).
 
     Eval is drawn first, so its problems do not change with ``n_train``. Returns
     ``(train_path, eval_path)``.
     """
     total = count_problems(digits=digits, ops=ops)
-    if n_train + n_eval > total:
+    if n_train + n_eval + n_val > total:
         raise ValueError(
-            f"asked for {n_train} train + {n_eval} eval problems but only {total} exist "
-            f"({digits} digits, {list(ops)})"
+            f"asked for {n_train} train + {n_eval} eval + {n_val} val problems but only "
+            f"{total} exist ({digits} digits, {list(ops)})"
         )
     eval_records = arithmetic_records(n_eval, seed=seed, digits=digits, ops=ops)
-    train_records = arithmetic_records(
-        n_train, seed=seed, digits=digits, ops=ops, exclude={r["id"] for r in eval_records}
-    )
+    taken = {r["id"] for r in eval_records}
+    val_records = []
+    if n_val:
+        val_records = arithmetic_records(
+            n_val, seed=seed + 1, digits=digits, ops=ops, exclude=taken
+        )
+        taken |= {r["id"] for r in val_records}
+    train_records = arithmetic_records(n_train, seed=seed, digits=digits, ops=ops, exclude=taken)
     out_dir = Path(out_dir)
+    if n_val:
+        write_jsonl(out_dir / "val.jsonl", val_records)
     return (
         write_jsonl(out_dir / "train.jsonl", train_records),
         write_jsonl(out_dir / "eval.jsonl", eval_records),

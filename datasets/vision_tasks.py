@@ -103,6 +103,47 @@ def shape_records(
     return out
 
 
+def grey_shape_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,)) -> list[dict]:
+    """Shape questions about achromatic shapes (grey to white, no palette colour):
+    alternating "What shape is it?" and "Is it a {shape}?" (half true). They teach shape
+    apart from colour without showing any (palette colour, shape) combination, so a
+    judge trained with held-out combinations can still learn to read the shape of one."""
+    from .shapes import _render
+
+    rng = np.random.default_rng([seed, 8])
+    out = []
+    for i in range(n):
+        shape = SHAPES[int(rng.integers(len(SHAPES)))]
+        size = sizes[int(rng.integers(len(sizes)))] if len(sizes) > 1 else sizes[0]
+        v = int(rng.integers(140, 246))
+        r = size * rng.uniform(0.24, 0.34)
+        reach = max(0.0, min(size * JITTER, size / 2 - r - 1.0))
+        cx, cy = size / 2 + rng.uniform(-reach, reach, size=2)
+        image = _render((v, v, v), shape, size, cx, cy, r)
+        if i % 2 == 0:
+            prompt, answer, task = SHAPE_QUESTION, shape, "grey_shape"
+        else:
+            true = bool((i // 2) % 2 == 0)
+            claim = shape if true else _other(list(SHAPES), shape, rng)
+            prompt, answer, task = (
+                SHAPE_CHECK.format(shape=claim),
+                "Yes" if true else "No",
+                "grey_check",
+            )
+        out.append(
+            {
+                "id": f"g{seed}-{i}",
+                "prompt": prompt,
+                "image": image,
+                "answer": answer,
+                "task": task,
+                "colour": None,
+                "shape": shape,
+            }
+        )
+    return out
+
+
 # --- judge data ------------------------------------------------------------------------
 def judge_records(
     n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZE,), exclude=()
@@ -183,16 +224,20 @@ def judge_training_mix(
     attribute_fraction: float = 0.0,
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
     exclude=(),
+    grey_fraction: float = 0.0,
 ) -> list[dict]:
     """Judge SFT data, shuffled: Yes/No judge records (:func:`judge_records`) with colour
-    and shape questions (``classification_fraction`` of the total) and one-attribute
-    checks (``attribute_fraction``, :func:`attribute_records`) mixed in; no (colour,
+    and shape questions (``classification_fraction`` of the total), one-attribute
+    checks (``attribute_fraction``, :func:`attribute_records`) and achromatic shape
+    questions (``grey_fraction``, :func:`grey_shape_records`) mixed in; no (colour,
     shape) in ``exclude`` is shown or asked about."""
     n_cls = int(round(n * classification_fraction))
     n_attr = int(round(n * attribute_fraction))
-    if n_cls + n_attr > n:
-        raise ValueError("classification_fraction + attribute_fraction must be <= 1")
-    records = judge_records(n - n_cls - n_attr, seed=seed, sizes=sizes, exclude=exclude)
+    n_grey = int(round(n * grey_fraction))
+    if n_cls + n_attr + n_grey > n:
+        raise ValueError("classification, attribute and grey fractions must sum to <= 1")
+    records = judge_records(n - n_cls - n_attr - n_grey, seed=seed, sizes=sizes, exclude=exclude)
+    records += grey_shape_records(n_grey, seed=seed + 104729, sizes=sizes)
     records += shape_records(n_cls, seed=seed + 7919, sizes=sizes, exclude=exclude)
     records += attribute_records(n_attr, seed=seed + 15485863, sizes=sizes, exclude=exclude)
     order = np.random.default_rng([seed, 3]).permutation(len(records))
@@ -219,14 +264,18 @@ def _write_split(records: list[dict], root: Path, split: str) -> Path:
 
 
 def write_shape_task(
-    out_dir: str | Path, *, n_train: int = 512, n_eval: int = 128, seed: int = 0
+    out_dir: str | Path, *, n_train: int = 512, n_eval: int = 128, seed: int = 0, n_val: int = 0
 ) -> dict[str, Path]:
-    """Colour and shape questions as PNGs + ``train.jsonl`` / ``eval.jsonl``."""
+    """Colour and shape questions as PNGs + ``train.jsonl`` / ``eval.jsonl`` (and
+    ``val.jsonl`` with ``n_val`` > 0: its own image stream, for the SFT stopping check)."""
     root = Path(out_dir)
-    return {
+    out = {
         "train": _write_split(shape_records(n_train, seed=2 * seed), root, "train"),
         "eval": _write_split(shape_records(n_eval, seed=2 * seed + 1), root, "eval"),
     }
+    if n_val:
+        out["val"] = _write_split(shape_records(n_val, seed=1_000_003 + seed), root, "val")
+    return out
 
 
 def write_judge_task(
@@ -263,15 +312,25 @@ def motion_clip(
 
 
 def write_motion_task(
-    out_dir: str | Path, *, n_train: int = 64, n_eval: int = 16, seed: int = 0, fps: float = 2.0
+    out_dir: str | Path,
+    *,
+    n_train: int = 64,
+    n_eval: int = 16,
+    seed: int = 0,
+    fps: float = 2.0,
+    n_val: int = 0,
 ) -> dict[str, Path]:
     """Clips of 4, 6 or 8 frames written at ``fps`` (mp4, or GIF without an H.264
     encoder), with ``train.jsonl`` / ``eval.jsonl`` (answer ``left`` / ``right``, half each).
-    At ``fps`` 2, :func:`~mmyatt.datasets.media.load_video` at 2 fps keeps every frame."""
+    At ``fps`` 2, :func:`~mmyatt.datasets.media.load_video` at 2 fps keeps every frame.
+    ``n_val`` > 0 also writes ``val.jsonl`` from its own stream."""
     root = Path(out_dir)
     (root / "videos").mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split, n, stream in (("train", n_train, 2 * seed), ("eval", n_eval, 2 * seed + 1)):
+    splits = [("train", n_train, 2 * seed), ("eval", n_eval, 2 * seed + 1)]
+    if n_val:  # its own stream, for the SFT stopping check
+        splits.append(("val", n_val, 1_000_003 + seed))
+    for split, n, stream in splits:
         rng = np.random.default_rng([stream, 4])
         path = root / f"{split}.jsonl"
         with open(path, "w") as f:
@@ -405,9 +464,13 @@ def train_judge(
     n_test: int = 1200,
     eval_every: int = 100,
     exclude=(),
+    grey_fraction: float = 0.0,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Train the tiny Yes/No judge with ``VLMPolicy.sft_loss``; save the best to ``out_dir``.
+
+    ``grey_fraction``: that share of every batch (all stages) is achromatic shape
+    questions (:func:`grey_shape_records`), so shape is learned apart from colour.
 
     ``exclude``: (colour, shape) combinations no training or selection record shows or
     asks about (the built-in judge excludes ``shapes.HELDOUT``, the flow recipes'
@@ -453,14 +516,27 @@ def train_judge(
     ex = tuple(exclude)
     eval_records = judge_records(n_eval, seed=10_000 + seed, sizes=sizes, exclude=ex)
     cls_eval = shape_records(192, seed=20_000 + seed, sizes=sizes, exclude=ex)
+    n_grey = int(round(batch_size * grey_fraction))
+
+    def with_grey(records: list[dict], s: int) -> list[dict]:
+        return records + grey_shape_records(n_grey, seed=s + 7, sizes=sizes) if n_grey else records
+
     stages: list[tuple[str, Callable[[int], list[dict]]]] = [
         (
             "shape",
-            lambda s: shape_records(
-                batch_size, seed=s, questions=("shape",), sizes=sizes, exclude=ex
+            lambda s: with_grey(
+                shape_records(
+                    batch_size - n_grey, seed=s, questions=("shape",), sizes=sizes, exclude=ex
+                ),
+                s,
             ),
         ),
-        ("classification", lambda s: shape_records(batch_size, seed=s, sizes=sizes, exclude=ex)),
+        (
+            "classification",
+            lambda s: with_grey(
+                shape_records(batch_size - n_grey, seed=s, sizes=sizes, exclude=ex), s
+            ),
+        ),
         (
             "judge",
             lambda s: judge_training_mix(
@@ -470,6 +546,7 @@ def train_judge(
                 classification_fraction=classification_fraction,
                 attribute_fraction=attribute_fraction,
                 exclude=ex,
+                grey_fraction=grey_fraction,
             ),
         ),
     ]
@@ -681,9 +758,11 @@ def finetune_judge_on_generator(
     sizes: tuple[int, ...] = (IMAGE_SIZE,),
     ambiguous: tuple[float, float] | None = None,
     exclude=(),
+    grey_fraction: float = 0.0,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune a Yes/No judge on the generator's own samples, labelled by the rule.
+    ``grey_fraction`` of the clean mix is achromatic shape questions.
     No sample's caption, claim or clean record is a (colour, shape) in ``exclude``.
 
     A judge trained only on clean drawn shapes agrees with the rule check on the tiny
@@ -761,6 +840,7 @@ def finetune_judge_on_generator(
             classification_fraction=0.25,
             attribute_fraction=0.25,
             exclude=exclude,
+            grey_fraction=grey_fraction,
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)

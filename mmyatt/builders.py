@@ -156,7 +156,15 @@ def eval_records(cfg: RunConfig, rank: int, world_size: int) -> list[dict]:
     return m.eval_records(limit)
 
 
-def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
+def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path, Path | None]:
+    """Write a synthetic task's files: (train, the eval split reported, the validation
+    split that choices during the run are made on, e.g. the SFT stopping check)."""
+    train, ev = _synthetic_task(spec, out_dir, cfg)
+    val = out_dir / "val.jsonl"
+    return train, ev, val if val.exists() else None
+
+
+def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
     if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v"):
         raise ValueError(
@@ -171,6 +179,7 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
+            n_val=cfg.sft.eval_prompts,
         )
     if task == "shapes_vqa":
         from mmyatt.datasets.vision_tasks import write_shape_task
@@ -180,6 +189,7 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
+            n_val=cfg.sft.eval_prompts,
         )
         return p["train"], p["eval"]
     if task == "motion_vqa":
@@ -190,6 +200,7 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
+            n_val=cfg.sft.eval_prompts,
         )
         return p["train"], p["eval"]
     if task in ("shapes_t2i", "motion_t2v"):

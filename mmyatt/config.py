@@ -53,6 +53,9 @@ class ModelConfig:
 class DataConfig:
     train: str = "synthetic:arithmetic"  # JSONL path(s, comma separated) or synthetic:<task>
     eval: str = "synthetic:arithmetic"
+    # JSONL for choices made during a run (the SFT stopping check), never the reported
+    # eval; synthetic tasks write and fill it in
+    val: str | None = None
     synthetic_train_size: int = 20000
     synthetic_eval_size: int = 500
     prompts_per_step: int = 16  # B, global over all controllers

@@ -31,9 +31,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
     if data.train.startswith("synthetic:") or data.eval.startswith("synthetic:"):
         if data.train != data.eval:
             raise ValueError("a synthetic task makes both splits: set data.train == data.eval")
-        train, ev = builders.synthetic_task(data.train, run_dir / "data", cfg)
+        train, ev, val = builders.synthetic_task(data.train, run_dir / "data", cfg)
         log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
-        data = dataclasses.replace(data, train=str(train), eval=str(ev))
+        val = str(val) if val is not None else data.val
+        data = dataclasses.replace(data, train=str(train), eval=str(ev), val=val)
     cfg = dataclasses.replace(cfg, data=data)
     model = dataclasses.replace(cfg.model, path=builders.resolve_builtin(cfg.model.path))
     cfg = dataclasses.replace(cfg, model=model)

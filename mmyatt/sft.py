@@ -41,7 +41,15 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     policy = builders.build_policy(cfg.model)
     reward = builders.build_reward(cfg.reward)
     train = ShardedManifest(builders.manifest_paths(cfg.data.train), seed=cfg.trainer.seed)
-    held = ShardedManifest(builders.manifest_paths(cfg.data.eval), shuffle=False).eval_records(
+    if cfg.data.val:
+        check, split = cfg.data.val, "validation"
+    else:
+        check, split = cfg.data.eval, "eval"
+        log(
+            "[sft] no data.val: the stopping check reads data.eval, the split the run reports; "
+            "set data.val to keep them apart"
+        )
+    held = ShardedManifest(builders.manifest_paths(check), shuffle=False).eval_records(
         s.eval_prompts
     )
     params = [p for p in policy.module().parameters() if p.requires_grad]
@@ -51,7 +59,7 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     acc, step, history = 0.0, 0, []
     log(
         f"[sft] up to {s.max_steps} steps, batch {s.batch_size}, lr {s.lr}, "
-        f"stop at held-out accuracy {s.stop_at_accuracy}"
+        f"stop at {split} accuracy {s.stop_at_accuracy} ({check})"
     )
     for step in range(1, s.max_steps + 1):
         batch = train.next_batch(s.batch_size)
@@ -65,7 +73,7 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
             acc = greedy_accuracy(policy, reward, held, cfg.sampling.max_new_tokens)
             history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc})
             log(
-                f"[sft] step {step} loss {float(loss.detach()):.4f} held-out greedy accuracy {acc:.3f} "
+                f"[sft] step {step} loss {float(loss.detach()):.4f} {split} greedy accuracy {acc:.3f} "
                 f"({time.perf_counter() - t0:.0f}s)"
             )
             if s.stop_at_accuracy is not None and acc >= s.stop_at_accuracy:

@@ -143,3 +143,24 @@ def test_summary_of_a_finished_run(tmp_path, capsys):
     print_summary(tmp_path)
     text = capsys.readouterr().out
     assert "steps 200/200" in text and "INCOMPLETE" not in text
+
+
+# --- the SFT stopping check reads a validation split, not the reported eval ----------------
+def test_arithmetic_validation_split_is_disjoint(tmp_path):
+    from mmyatt.datasets.synthetic import write_arithmetic_task
+
+    train, ev = write_arithmetic_task(tmp_path, n_train=300, n_eval=50, seed=0, n_val=40)
+    read = lambda p: [json.loads(x)["id"] for x in p.read_text().splitlines()]  # noqa: E731
+    t, e, v = set(read(train)), set(read(ev)), set(read(tmp_path / "val.jsonl"))
+    assert len(t) == 300 and len(e) == 50 and len(v) == 40
+    assert not (t & e or t & v or e & v)
+
+
+def test_grey_shapes_show_no_palette_colour():
+    recs = vt.grey_shape_records(12, seed=0, sizes=(32,))
+    assert {r["task"] for r in recs} == {"grey_shape", "grey_check"}
+    for r in recs:
+        a = np.asarray(r["image"], dtype=int)
+        assert (np.abs(a[..., 0] - a[..., 1]) <= 1).all() and (
+            np.abs(a[..., 1] - a[..., 2]) <= 1
+        ).all()
