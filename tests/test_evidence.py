@@ -161,6 +161,7 @@ def test_grey_shapes_show_no_palette_colour():
     assert {r["task"] for r in recs} == {"grey_shape", "grey_check"}
     for r in recs:
         a = np.asarray(r["image"], dtype=int)
-        assert (np.abs(a[..., 0] - a[..., 1]) <= 1).all() and (
-            np.abs(a[..., 1] - a[..., 2]) <= 1
-        ).all()
+        inside = a.sum(-1) >= 3 * 140  # the shape's own pixels (the background is dark)
+        assert inside.any()
+        # grey up to the background's blue tint at the rims; palette colours spread >= 150
+        assert (a[inside].max(-1) - a[inside].min(-1)).max() <= 8
