@@ -95,8 +95,9 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
 
-def _check(colour: str, shape: str) -> None:
-    if colour not in COLOURS:
+def _check(colour: str | None, shape: str) -> None:
+    """A palette colour (None: not a palette name, nothing to check) and a shape."""
+    if colour is not None and colour not in COLOURS:
         raise ValueError(f"unknown colour {colour!r}; expected one of {list(COLOURS)}")
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; expected one of {list(SHAPES)}")
@@ -126,22 +127,25 @@ def _render(
 
 
 def draw_shape(
-    colour: str,
+    colour: str | tuple[int, int, int],
     shape: str,
     *,
     size: int = 32,
     rng: np.random.Generator | int | None = None,
     jitter: float = 0.15,
+    radius: tuple[float, float] = (0.24, 0.34),
 ) -> Image.Image:
     """A ``size`` x ``size`` RGB image of one solid shape on the dark background.
 
-    The half-extent is 24-34% of the image; the centre moves by up to ``jitter`` x size
-    from the middle on each axis (clamped so the shape stays inside the frame). Modest
-    jitter keeps the caption -> image map learnable by a tiny model in minutes on a CPU.
+    ``colour`` is a palette name or an RGB triple (e.g. grey). The half-extent is drawn
+    from ``radius`` (fractions of the image; default 24-34%); the centre moves by up to
+    ``jitter`` x size from the middle on each axis (clamped so the shape stays inside
+    the frame). Modest jitter keeps the caption -> image map learnable by a tiny model in
+    minutes on a CPU.
     """
-    _check(colour, shape)
+    _check(colour if isinstance(colour, str) else None, shape)
     g = _rng(rng)
-    r = size * g.uniform(0.24, 0.34)
+    r = size * g.uniform(*radius)
     reach = max(0.0, min(size * jitter, size / 2 - r - 1.0))
     cx, cy = size / 2 + g.uniform(-reach, reach, size=2)
     return _render(colour, shape, size, cx, cy, r)

@@ -108,18 +108,13 @@ def grey_shape_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZ
     alternating "What shape is it?" and "Is it a {shape}?" (half true). They teach shape
     apart from colour without showing any (palette colour, shape) combination, so a
     judge trained with held-out combinations can still learn to read the shape of one."""
-    from .shapes import _render
-
     rng = np.random.default_rng([seed, 8])
     out = []
     for i in range(n):
         shape = SHAPES[int(rng.integers(len(SHAPES)))]
         size = sizes[int(rng.integers(len(sizes)))] if len(sizes) > 1 else sizes[0]
         v = int(rng.integers(140, 246))
-        r = size * rng.uniform(0.24, 0.34)
-        reach = max(0.0, min(size * JITTER, size / 2 - r - 1.0))
-        cx, cy = size / 2 + rng.uniform(-reach, reach, size=2)
-        image = _render((v, v, v), shape, size, cx, cy, r)
+        image = draw_shape((v, v, v), shape, size=size, rng=rng, jitter=JITTER)
         if i % 2 == 0:
             prompt, answer, task = SHAPE_QUESTION, shape, "grey_shape"
         else:

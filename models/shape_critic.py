@@ -32,7 +32,7 @@ import torch
 from PIL import Image, ImageFilter
 from torch import nn
 
-from mmyatt.datasets.shapes import COLOURS, SHAPES
+from mmyatt.datasets.shapes import COLOURS, SHAPES, draw_shape
 
 __all__ = [
     "ShapeCritic",
@@ -143,12 +143,7 @@ def critic_batch(n: int, seed: int, augment: bool = True) -> tuple[list[Image.Im
 
 def _draw_varied(colour: str, shape: str, rng: np.random.Generator) -> Image.Image:
     """draw_shape with a wider size and position range than the flow task's."""
-    from mmyatt.datasets.shapes import _render
-
-    r = SIDE * rng.uniform(0.15, 0.36)
-    reach = max(0.0, min(SIDE * 0.2, SIDE / 2 - r - 1.0))
-    cx, cy = SIDE / 2 + rng.uniform(-reach, reach, size=2)
-    return _render(colour, shape, SIDE, cx, cy, r)
+    return draw_shape(colour, shape, size=SIDE, rng=rng, jitter=0.2, radius=(0.15, 0.36))
 
 
 def train_shape_critic(
