@@ -74,18 +74,12 @@ def texture(output: Any) -> dict[str, float]:
     """{"background_hf", "object_hf"} of an image or a list of frames: mean absolute
     Laplacian over the background (resp. object) pixels of all frames; NaN where a
     region is empty (e.g. nothing drawn: no object pixels)."""
-    frames = [output] if isinstance(output, Image.Image) else list(output)
-    if not frames or not all(isinstance(f, Image.Image) for f in frames):
-        raise TypeError(
-            f"expected a PIL image or a list of PIL frames, got {type(output).__name__}"
-        )
-    bs = os = bn = on = 0.0
-    for f in frames:
-        b, o, nb, no = _frame_texture(f)
-        bs, os, bn, on = bs + b, os + o, bn + nb, on + no
+    from mmyatt.rewards.image import _frames
+
+    b_sum, o_sum, b_n, o_n = (sum(v) for v in zip(*map(_frame_texture, _frames(output))))
     return {
-        "background_hf": bs / bn if bn else float("nan"),
-        "object_hf": os / on if on else float("nan"),
+        "background_hf": b_sum / b_n if b_n else float("nan"),
+        "object_hf": o_sum / o_n if o_n else float("nan"),
     }
 
 
