@@ -166,7 +166,7 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
 
 def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
-    if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v"):
+    if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v", "describe"):
         raise ValueError(
             f"data.eval_split=val: synthetic:{task} has no validation split "
             "(shapes_t2i and motion_t2v do); point data.eval at your own validation file"
@@ -203,6 +203,16 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             n_val=cfg.sft.eval_prompts,
         )
         return p["train"], p["eval"]
+    if task == "describe":
+        from mmyatt.datasets.describe import write_describe_task
+
+        p = write_describe_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+        )
+        return p["train"], p[cfg.data.eval_split]
     if task in ("shapes_t2i", "motion_t2v"):
         from mmyatt.datasets.shapes import write_shape_task
 
@@ -216,5 +226,5 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
         return p["train"], p[cfg.data.eval_split]
     raise ValueError(
         f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
-        "shapes_t2i, motion_t2v"
+        "describe, shapes_t2i, motion_t2v"
     )

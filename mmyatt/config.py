@@ -88,7 +88,29 @@ class SamplingConfig:
 
 
 @dataclass(frozen=True)
+class NFTConfig:
+    """DiffusionNFT knobs (``algorithm.name: diffusion_nft``; math in mmyatt/nft.py)."""
+
+    beta: float = 1.0  # implicit policies v+- = v_old +- beta (v_theta - v_old); loss / beta
+    reward_norm: Literal["advantage", "raw"] = "advantage"  # r = A / (2 adv_clip) + 1/2, or
+    # the reward clamped to [0, 1] (win rates, probabilities)
+    adv_clip: float = 5.0  # advantages clipped to +-adv_clip before the map to [0, 1]
+    weighting: Literal["adaptive_x0", "velocity"] = "adaptive_x0"  # NVlabs' x0-space error
+    # over its mean |error|, or the plain velocity MSE
+    loss_scale: float | None = None  # multiplies the loss; None: adv_clip (NVlabs)
+    timesteps: Literal["sampler", "uniform", "logit_normal"] = "sampler"  # training t: the
+    # rollout sampler's own sigmas (random, without replacement), U(0,1) or logit-normal
+    timesteps_per_sample: int = 2  # forward-noised copies of each clean sample per step
+    decay_rate: float = 0.001  # sampling ("old") policy: old <- d old + (1-d) theta after
+    decay_max: float = 0.5  # every step, d = min(decay_rate * step, decay_max); 0, 0: on-policy
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
+    # grpo: the GRPO family (PPO-clip on log-prob ratios, advantages below); diffusion_nft:
+    # flow models only, forward-process RL on clean samples from any sampler (ODE included)
+    name: Literal["grpo", "diffusion_nft"] = "grpo"
+    nft: NFTConfig = field(default_factory=NFTConfig)
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
     advantage_std: Literal["group", "batch"] = "group"  # grpo only; batch = Flow-GRPO global std
     advantage_clip: float | None = None  # grpo only; Flow-GRPO clips to 5
@@ -150,6 +172,10 @@ class JudgeConfig:
     # between tries) the run waits ~10-20 s for a lost judge before it saves and stops
     timeout_s: float = 30.0  # per attempt
     max_restarts: int = 3  # a judge server started with the run that dies is restarted
+    # who serves `model`: our GenRM server, or `vllm serve` children (same pool, health
+    # checks and restarts; pip install 'mmyatt[vllm]')
+    backend: Literal["mmyatt", "vllm"] = "mmyatt"
+    vllm_args: tuple[str, ...] = ()  # extra `vllm serve` arguments (backend vllm)
 
 
 @dataclass(frozen=True)
@@ -171,6 +197,9 @@ class SFTConfig:
     stop_at_accuracy: float | None = None  # stop early once greedy held-out accuracy reaches it
     eval_prompts: int = 200
     target_key: str = "answer"
+    # the reward function (a registry name, e.g. "describe_check") the stopping check
+    # scores with; None: the run's reward (which cannot hold a judge: none runs yet)
+    check: str | None = None
     threads: int = 1  # SFT runs once, in the launching process, before controllers start
 
 
@@ -182,7 +211,10 @@ class TrainerConfig:
     log_every: int = 1
     seed: int = 0
     threads: int = 1  # torch threads per controller
-    save_rollouts_every: int = 10
+    save_rollouts_every: int = 10  # steps between rollout logs (rollouts/rank<r>.jsonl); 0: none
+    # at most this many samples per controller per logged step: whole prompt groups, in
+    # the order drawn, until the next group would pass it (at least one group)
+    rollouts_per_step: int = 64
     progress: bool = True
     eval_sampling: Literal["greedy", "sample"] = "greedy"  # sample: at the training temperature,
     # and greedy accuracy is logged as eval/greedy_accuracy too
@@ -210,6 +242,68 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class PlacementConfig:
+    """Who runs on which CPU cores at each phase of a step (mmyatt/placement, DESIGN §4).
+
+    shared: today's behaviour, nothing pinned. colocate: generate, judge, train in series,
+    each on every core, the judge's weights dropped between its phases. partial: rollout
+    and judge at once on split cores (each finished group streamed to the judge), then
+    training on every core. auto: measures phase costs and picks one of these per step."""
+
+    mode: Literal["shared", "colocate", "partial", "auto"] = "shared"
+    cores: tuple[int, ...] = ()  # CPU core ids the run may use; empty: every allowed core
+    rollout_cores: int = 0  # partial: cores rollout holds while it generates (0: half)
+    judge_cores: int = 0  # partial: cores the judge holds meanwhile (0: the rest)
+    stream_groups: int = 1  # partial: prompt groups per chunk streamed to the judge
+    release_judge: bool = True  # colocate: drop the judge's weights outside its phase
+    profile_steps: int = 2  # auto: steps measured in each candidate mode before choosing
+    reevaluate_every: int = 10  # auto: steps between re-evaluations
+    drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much
+    log_memory: bool = True  # per-phase peak RSS (placement/peak_rss_mb_<phase>)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Trackers besides metrics.jsonl (mmyatt/trackers.py): scalars, eval sample grids and
+    a table of logged rollouts. Each is optional; one requested but not installed fails
+    at start with the command that installs it."""
+
+    trackers: tuple[Literal["tensorboard", "wandb", "mlflow"], ...] = ("tensorboard",)
+    project: str = "mmyatt"  # wandb project, mlflow experiment
+    offline: bool = True  # wandb: mode=offline (`wandb sync` later); mlflow: local file store
+    mlflow_uri: str | None = None  # None: a file store in <run dir>/mlruns
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training engine behind the update (mmyatt/engines). replica: a full copy per
+    controller, gradients summed in one flat all-reduce; fsdp2: torch ``fully_shard``
+    (parameters, gradients and optimizer state sharded over the controllers); megatron:
+    megatron-core GPTModel for text LLMs (pip install 'mmyatt[megatron]')."""
+
+    backend: Literal["replica", "fsdp2", "megatron"] = "replica"
+    # fsdp2: compute dtype of the sharded module (gradients are reduced in float32)
+    mixed_precision: Literal["none", "bfloat16", "float16"] = "none"
+    cpu_offload: bool = False  # fsdp2: sharded parameters and optimizer state in host memory (CUDA)
+    activation_checkpointing: bool = False  # fsdp2: recompute block activations in backward
+    reshard_after_forward: bool = True  # fsdp2: free gathered weights after each block forward
+    tensor_parallel: int = 1  # megatron: tensor-parallel size
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Who generates the rollouts: the policy adapter (hf) or an in-process vLLM engine
+    (pip install 'mmyatt[vllm]'; text and VLM policies)."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    gpu_memory_utilization: float = 0.4  # vllm: share of the device its KV cache may take
+    sleep_level: Literal[0, 1, 2] = 1  # vllm: sleep during training (0: stay awake)
+    # truncated importance sampling for the engine/trainer log-prob mismatch: each token's
+    # loss is weighted by min(exp(trainer - engine log-prob), is_cap); 0 turns it off
+    is_cap: float = 2.0
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -222,6 +316,10 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 # --------------------------------------------------------------------------- building
@@ -396,9 +494,32 @@ def validate(cfg: RunConfig) -> None:
             f"algorithm.kl_block={cfg.algorithm.kl_block} needs kl_estimator closed_form or "
             f"closed_form_flowgrpo (got {cfg.algorithm.kl_estimator}) and must be >= 0",
         ),
+        (
+            cfg.algorithm.name != "diffusion_nft" or cfg.model.kind == "flow",
+            f"algorithm.name=diffusion_nft trains flow models, not model.kind={cfg.model.kind}",
+        ),
+        (
+            cfg.algorithm.nft.beta > 0
+            and cfg.algorithm.nft.adv_clip > 0
+            and cfg.algorithm.nft.timesteps_per_sample >= 1
+            and cfg.algorithm.nft.decay_rate >= 0
+            and 0 <= cfg.algorithm.nft.decay_max < 1,
+            "algorithm.nft: need beta > 0, adv_clip > 0, timesteps_per_sample >= 1, "
+            "decay_rate >= 0 and 0 <= decay_max < 1",
+        ),
+        (
+            cfg.algorithm.name != "diffusion_nft"
+            or cfg.algorithm.nft.timesteps != "sampler"
+            or cfg.algorithm.nft.timesteps_per_sample <= cfg.sampling.denoise_steps,
+            f"algorithm.nft.timesteps_per_sample={cfg.algorithm.nft.timesteps_per_sample} "
+            f"exceeds sampling.denoise_steps={cfg.sampling.denoise_steps} (timesteps=sampler "
+            "draws distinct sampler steps)",
+        ),
         (cfg.sampling.temperature > 0, "sampling.temperature must be > 0"),
         (0 < cfg.sampling.top_p <= 1, "sampling.top_p must be in (0, 1]"),
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
+        (cfg.trainer.rollouts_per_step >= 1, "trainer.rollouts_per_step must be >= 1"),
+        (cfg.trainer.save_rollouts_every >= 0, "trainer.save_rollouts_every must be >= 0"),
         (len(cfg.reward.functions) > 0, "reward.functions must name at least one reward"),
         (
             cfg.algorithm.overlong == "none"
@@ -409,6 +530,12 @@ def validate(cfg: RunConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    from mmyatt.engines import check_engines
+
+    check_engines(cfg)  # a backend that cannot run here fails now, with the install command
+    from mmyatt.placement.config import check_placement
+
+    check_placement(cfg)  # a core mapping that cannot work fails here, before anything starts
 
 
 def to_dict(cfg: Any) -> Any:

@@ -7,6 +7,7 @@ the jump from chance to competence happens at a seed-dependent moment.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from mmyatt import builders
-from mmyatt.config import RunConfig
+from mmyatt.config import RewardSpec, RunConfig
 from mmyatt.models.protocol import Sampling
 
 
@@ -39,7 +40,12 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     torch.manual_seed(cfg.trainer.seed)
     torch.set_num_threads(s.threads)
     policy = builders.build_policy(cfg.model)
-    reward = builders.build_reward(cfg.reward)
+    if s.check is not None:  # one rule, e.g. when the run's reward is a judge not yet started
+        reward = builders.build_reward(
+            dataclasses.replace(cfg.reward, functions=(RewardSpec(name=s.check),))
+        )
+    else:
+        reward = builders.build_reward(cfg.reward)
     train = ShardedManifest(builders.manifest_paths(cfg.data.train), seed=cfg.trainer.seed)
     if cfg.data.val:
         check, split = cfg.data.val, "validation"

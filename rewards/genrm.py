@@ -168,6 +168,14 @@ def parse_score(text: str, pattern: re.Pattern, score_max: float) -> float | Non
     return value / score_max
 
 
+def _question_text(messages: list[dict]) -> str:
+    """The text the judge read in the last user turn (images left out)."""
+    content = messages[-1]["content"]
+    if isinstance(content, str):
+        return content
+    return " ".join(p.get("text", "") for p in content if p.get("type") == "text")
+
+
 def _top_pairs(response: dict) -> list[tuple[str, float]] | None:
     try:
         entry = response["choices"][0]["logprobs"]["content"][0]
@@ -202,6 +210,7 @@ class GenRMReward:
         max_tokens: int = 16,
         top_logprobs: int = 20,
         image_key: str | None = None,
+        max_frames: int = 4,
         encode: Callable[[Any], str] | None = None,
         system_prompt: str | None = None,
         model: str | None = None,
@@ -236,12 +245,16 @@ class GenRMReward:
         self.max_tokens = int(max_tokens)
         self.top_logprobs = int(top_logprobs)
         self.image_key = image_key
+        if max_frames < 2:
+            raise ValueError(f"max_frames must be >= 2, got {max_frames}")
+        self.max_frames = int(max_frames)
         self.encode = encode or image_data_url
         self.system_prompt = system_prompt
         self.model = model
         self.seed = int(seed)
         self.name = name
         self._calls = 0
+        self.last_verdicts: list[dict] = []  # per sample of the last call (see _verdicts)
         self.stats = {
             "requests": 0,
             "samples": 0,
@@ -281,11 +294,8 @@ class GenRMReward:
         text = self.template.format_map(values)
         parts: list[dict] = []
         if self.image_key is not None:
-            if record.get(self.image_key) is None:
-                raise ValueError(f"record of sample {index} has no image {self.image_key!r}")
-            parts.append(
-                {"type": "image_url", "image_url": {"url": image_data_url(record[self.image_key])}}
-            )
+            for image in self._record_images(record, index):
+                parts.append({"type": "image_url", "image_url": {"url": image_data_url(image)}})
         if not is_text:
             parts.append({"type": "image_url", "image_url": {"url": self.encode(output)}})
         messages: list[dict] = []
@@ -297,6 +307,30 @@ class GenRMReward:
         else:
             messages.append({"role": "user", "content": text})
         return messages
+
+    def _record_images(self, record: dict, index: int) -> list:
+        """The record's media sent next to a text output: ``image_key`` names a record
+        field holding an image, a list of images or a (T, H, W, 3) clip; ``"media"``
+        takes the record's "image", else its "video". A clip goes as up to
+        ``max_frames`` evenly spaced frames, one image part each (a VLM judge reads them
+        in order; a served Qwen2-VL takes several images per message)."""
+        key = self.image_key
+        if key == "media":
+            key = "image" if record.get("image") is not None else "video"
+        value = record.get(key)
+        if value is None:
+            raise ValueError(f"record of sample {index} has no {self.image_key!r} media")
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        if getattr(value, "ndim", 0) == 4:  # (T, H, W, 3) frames
+            t = value.shape[0]
+            if t > self.max_frames:
+                keep = sorted(
+                    {round(i * (t - 1) / (self.max_frames - 1)) for i in range(self.max_frames)}
+                )
+                value = value[keep]
+            return list(value)
+        return [value]
 
     def _seed(self, sample: int, repeat: int) -> int:
         return (self.seed * 1_000_003 + self._calls * 65_537 + sample * 101 + repeat) % (2**31)
@@ -318,6 +352,39 @@ class GenRMReward:
                 body.update(n=self.repeats, seed=self._seed(i, 0))
                 bodies.append(body)
         return bodies
+
+    # --- verdicts for the rollout log ---------------------------------------------------
+    def _verdicts(
+        self, bodies: list[dict], responses: list[dict], values: list, rewards: list[float]
+    ) -> list[dict]:
+        """Per sample, what the judge was asked and answered: ``question`` (the template's
+        text), ``raw`` (yes_prob: the answer token of the first judgement; score: the
+        generated texts), ``top_logprobs`` (yes_prob: up to 5 (token, logprob) pairs),
+        ``values`` (the parsed P(Yes) or score / score_max per judgement, None = parse
+        failure) and ``verdict`` (their mean with fallbacks: the reward)."""
+        per = self.repeats if self.mode == "yes_prob" else 1
+        out = []
+        for i, (row, reward) in enumerate(zip(values, rewards)):
+            body, resp = bodies[i * per], responses[i * per]
+            v: dict[str, Any] = {
+                "mode": self.mode,
+                "question": _question_text(body["messages"]),
+                "values": row,
+                "verdict": reward,
+            }
+            if self.mode == "yes_prob":
+                pairs = _top_pairs(resp) or []
+                try:
+                    v["raw"] = resp["choices"][0]["logprobs"]["content"][0]["token"]
+                except (KeyError, IndexError, TypeError):
+                    v["raw"] = None
+                top = sorted(pairs, key=lambda p: -p[1])[:5]
+                v["top_logprobs"] = [[t, round(lp, 4)] for t, lp in top]
+            else:
+                choices = resp.get("choices") or []
+                v["raw"] = [(c.get("message") or {}).get("content") or "" for c in choices]
+            out.append(v)
+        return out
 
     # --- scoring ----------------------------------------------------------------------
     def _values(self, responses: list[dict], n: int) -> list[list[float | None]]:
@@ -370,6 +437,7 @@ class GenRMReward:
             self.stats["fallback_used"] += int(misses > 0)
         self.stats["samples"] += len(outputs)
         self.stats["judgements"] += len(outputs) * self.repeats
+        self.last_verdicts = self._verdicts(bodies, list(responses), values, rewards)
         total = torch.tensor(rewards, dtype=torch.float32)
         return total, {
             self.name: total.clone(),

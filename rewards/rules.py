@@ -117,6 +117,14 @@ REGISTRY: dict[str, RewardFn] = {
     "answer_tag_match": answer_tag_match,
 }
 
+# Open descriptions of images and clips (the VLM + GenRM recipe's independent check and
+# its length / false-claim counters), in mmyatt.datasets.describe with the task's words.
+DESCRIPTION_REWARDS = {
+    "describe_check": "description_check",
+    "describe_false_claims": "false_claims",
+    "answer_words": "answer_words",
+}
+
 
 def resolve_reward(name: str) -> RewardFn:
     """A registry name (``"numeric_match"``) or a user function ``"package.module:function"``.
@@ -137,12 +145,17 @@ def resolve_reward(name: str) -> RewardFn:
         return fn
     if name in REGISTRY:
         return REGISTRY[name]
+    if name in DESCRIPTION_REWARDS:
+        from mmyatt.datasets import describe
+
+        return getattr(describe, DESCRIPTION_REWARDS[name])
     from mmyatt.rewards.image import IMAGE_REWARDS  # image/video rules, imported on demand
 
     if name in IMAGE_REWARDS:
         return IMAGE_REWARDS[name]
     raise ValueError(
-        f"unknown reward {name!r}; use one of {sorted(REGISTRY) + sorted(IMAGE_REWARDS)} "
+        f"unknown reward {name!r}; use one of "
+        f"{sorted(REGISTRY) + sorted(DESCRIPTION_REWARDS) + sorted(IMAGE_REWARDS)} "
         "or a user function as 'package.module:function'"
     )
 

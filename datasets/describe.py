@@ -1,0 +1,318 @@
+"""Open descriptions of images and clips: the task of the VLM + GenRM recipe.
+
+A VLM sees one coloured shape (an image) or a moving one (a clip) and is asked
+"Describe the object." / "Describe the object and how it moves."; it answers in free
+text. Nothing matches an answer string exactly: a judge reads the answer next to the
+image (or the clip's frames) and says whether it is correct
+(``configs/vlm_genrm_tiny.yaml``). Three things live here:
+
+* **Records** (:func:`describe_records`, :func:`write_describe_task`): images and clips of
+  the flow recipes' shapes (``datasets/shapes.py``) with their ground-truth attributes and
+  one reference description in a varied phrasing (the SFT target).
+* **The independent check** (:func:`description_check`): the ground-truth attributes
+  against the words of the answer: each attribute (colour, shape and, for a clip,
+  direction) counts when its true value is named and no other value of it is; a false
+  value of any attribute (a second colour, a direction for a still image) makes the
+  whole answer wrong. Rule-based and read by no training of the judge.
+* **Judge data** (:func:`judge_records`): the judge's question about a description,
+  half correct in varied phrasings, half deliberately wrong (wrong colour, shape or
+  direction, a false attribute added, an attribute missing, a repeated word), labelled
+  by how the record was drawn.
+
+Held-out combinations: no training record, of the policy or of the judge, shows or names
+a (colour, shape) in :data:`mmyatt.datasets.shapes.HELDOUT` or a clip triple in
+``MOTION_HELDOUT``; ``test.jsonl`` / ``val.jsonl`` are 2/3 held-out ("split": "heldout")
+and 1/3 trained combinations ("split": "seen").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from .media import write_video
+from .shapes import (
+    COLOURS,
+    DIRECTIONS,
+    HELDOUT,
+    HELDOUT_TEST,
+    HELDOUT_VAL,
+    MOTION_HELDOUT,
+    MOTION_HELDOUT_TEST,
+    MOTION_HELDOUT_VAL,
+    SHAPES,
+    draw_shape,
+    is_heldout,
+    moving_shape_clip,
+)
+
+IMAGE_SIZE = 56
+FRAMES = 4
+DESCRIBE_IMAGE = "Describe the object."
+DESCRIBE_VIDEO = "Describe the object and how it moves."
+IMAGE_PHRASES = (
+    "a {colour} {shape}",
+    "{colour} {shape}",
+    "it is a {colour} {shape}",
+    "a {shape} that is {colour}",
+    "the {shape} is {colour}",
+)
+VIDEO_PHRASES = (
+    "a {colour} {shape} moving {direction}",
+    "a {colour} {shape} that moves {direction}",
+    "the {colour} {shape} moves {direction}",
+    "{colour} {shape} going {direction}",
+    "it is a {colour} {shape} moving {direction}",
+)
+# the judge's question: the GenRM template ``yes_no_correct`` (rewards/templates) with
+# the record's prompt and the policy's answer filled in
+JUDGE_TEMPLATE = "Question: {prompt}\nAnswer: {output}\nIs the answer correct? Answer Yes or No."
+JUDGE_NEGATIVES = ("colour", "shape", "direction", "added", "missing", "repeat")
+_WORD = re.compile(r"[a-z]+")
+
+
+# --- records -----------------------------------------------------------------------------
+def _combo(rng: np.random.Generator, video: bool, exclude_pairs, exclude_triples, only=None):
+    if only is not None:
+        return tuple(only[int(rng.integers(len(only)))])
+    colours = list(COLOURS)
+    while True:
+        c = (colours[int(rng.integers(len(colours)))], SHAPES[int(rng.integers(len(SHAPES)))])
+        if video:
+            c = (*c, list(DIRECTIONS)[int(rng.integers(len(DIRECTIONS)))])
+        if is_heldout(c[:2], exclude_pairs):
+            continue
+        if video and is_heldout(c, exclude_triples):
+            continue
+        return c
+
+
+def describe(colour: str, shape: str, direction: str | None, rng: np.random.Generator) -> str:
+    """A correct description in a phrasing drawn from :data:`IMAGE_PHRASES` /
+    :data:`VIDEO_PHRASES`."""
+    phrases = IMAGE_PHRASES if direction is None else VIDEO_PHRASES
+    phrase = phrases[int(rng.integers(len(phrases)))]
+    return phrase.format(colour=colour, shape=shape, direction=direction)
+
+
+def describe_records(
+    n: int,
+    *,
+    seed: int,
+    video_fraction: float = 0.25,
+    exclude_pairs=HELDOUT,
+    exclude_triples=MOTION_HELDOUT,
+    only_pairs=None,
+    only_triples=None,
+) -> list[dict]:
+    """``n`` records with in-memory media: every ``round(1 / video_fraction)``-th one a
+    clip of :data:`FRAMES` frames ("video": (T, H, W, 3) uint8), the others an image
+    (PIL). Keys: prompt, image|video, answer (a reference description), colour, shape,
+    direction (None for an image), task ("describe_image" / "describe_video").
+    ``only_pairs`` / ``only_triples`` draw from those combinations alone (held-out eval).
+
+    >>> r = describe_records(4, seed=0)
+    >>> [x["task"] for x in r], r[3]["prompt"]
+    (['describe_image', 'describe_image', 'describe_image', 'describe_video'], 'Describe the object and how it moves.')
+    """
+    rng = np.random.default_rng([seed, 11])
+    every = int(round(1 / video_fraction)) if video_fraction > 0 else 0
+    out = []
+    for i in range(n):
+        video = bool(every) and i % every == every - 1
+        only = only_triples if video else only_pairs
+        combo = _combo(rng, video, exclude_pairs, exclude_triples, only)
+        colour, shape = combo[0], combo[1]
+        direction = combo[2] if video else None
+        rec = {
+            "id": f"d{seed}-{i}",
+            "prompt": DESCRIBE_VIDEO if video else DESCRIBE_IMAGE,
+            "colour": colour,
+            "shape": shape,
+            "direction": direction,
+            "task": "describe_video" if video else "describe_image",
+        }
+        if video:
+            frames = moving_shape_clip(
+                colour, shape, direction, num_frames=FRAMES, size=IMAGE_SIZE, rng=rng
+            )
+            rec["video"] = np.stack([np.asarray(f) for f in frames])
+        else:
+            rec["image"] = draw_shape(colour, shape, size=IMAGE_SIZE, rng=rng, jitter=0.1)
+        rec["answer"] = describe(colour, shape, direction, rng)
+        out.append(rec)
+    return out
+
+
+def _eval_split(n: int, seed: int, pairs, triples, video_fraction: float) -> list[dict]:
+    """2/3 held-out (``pairs`` for images, ``triples`` for clips), then 1/3 trained
+    combinations, interleaved two held-out then one seen."""
+    held = describe_records(
+        n, seed=seed, video_fraction=video_fraction, only_pairs=pairs, only_triples=triples
+    )
+    seen = describe_records(n // 2, seed=seed + 1, video_fraction=video_fraction)
+    out, j = [], 0
+    for i, r in enumerate(held):
+        out.append({**r, "split": "heldout"})
+        if i % 2 == 1 and j < len(seen):
+            out.append({**seen[j], "split": "seen"})
+            j += 1
+    return out + [{**r, "split": "seen"} for r in seen[j:]]
+
+
+def _write(records: list[dict], root: Path, split: str) -> Path:
+    (root / "media").mkdir(parents=True, exist_ok=True)
+    path = root / f"{split}.jsonl"
+    with open(path, "w") as f:
+        for rec in records:
+            rec = dict(rec)
+            if "video" in rec:  # GIF: lossless for these flat colours, unlike H.264
+                written = write_video(
+                    rec.pop("video"), root / "media" / f"{split}-{rec['id']}.gif", fps=2.0
+                )
+                rec["video"] = str(written.relative_to(root))
+            else:
+                rel = f"media/{split}-{rec['id']}.png"
+                rec.pop("image").save(root / rel)
+                rec["image"] = rel
+            f.write(json.dumps(rec) + "\n")
+    return path
+
+
+def write_describe_task(
+    out_dir: str | Path,
+    *,
+    n_train: int = 2000,
+    n_eval: int = 96,
+    seed: int = 0,
+    video_fraction: float = 0.25,
+) -> dict[str, Path]:
+    """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
+    records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
+    ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
+    ``media/`` (PNG images, GIF clips at 2 fps). Returns {"train", "test", "val"}."""
+    root = Path(out_dir)
+    splits = {
+        "train": describe_records(n_train, seed=2 * seed, video_fraction=video_fraction),
+        "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
+        "val": _eval_split(n_eval, 2000 + seed, HELDOUT_VAL, MOTION_HELDOUT_VAL, video_fraction),
+    }
+    return {name: _write(recs, root, name) for name, recs in splits.items()}
+
+
+# --- the independent check -----------------------------------------------------------------
+_VALUES = {"colour": tuple(COLOURS), "shape": SHAPES, "direction": tuple(DIRECTIONS)}
+
+
+def _named(text: str) -> dict[str, list[str]]:
+    words = _WORD.findall(text.lower())
+    return {k: [w for w in words if w in v] for k, v in _VALUES.items()}
+
+
+def check_details(answer: str, record: dict) -> dict:
+    """{"correct": attributes named right, "attributes": how many the record has,
+    "false": false values named (wrong colour/shape/direction, or a direction for an
+    image), "score": correct / attributes, or 0 when anything false is named}.
+
+    >>> rec = {"colour": "red", "shape": "circle", "direction": None}
+    >>> check_details("a red circle", rec)["score"], check_details("red red circle", rec)["score"]
+    (1.0, 1.0)
+    >>> check_details("a circle", rec)["score"], check_details("a blue circle", rec)["score"]
+    (0.5, 0.0)
+    >>> check_details("a red circle moving left", rec)["false"]
+    1
+    """
+    named = _named(answer)
+    keys = ("colour", "shape") + (("direction",) if record.get("direction") else ())
+    correct = sum(1 for k in keys if record[k] in named[k])
+    false = sum(1 for k in keys for w in set(named[k]) if w != record[k])
+    if not record.get("direction"):
+        false += len(set(named["direction"]))
+    score = 0.0 if false else correct / len(keys)
+    return {"correct": correct, "attributes": len(keys), "false": false, "score": score}
+
+
+def description_check(completion: str, record: dict) -> float:
+    """The independent check's score in [0, 1] (:func:`check_details`)."""
+    return check_details(completion, record)["score"]
+
+
+def false_claims(completion: str, record: dict) -> float:
+    """How many false attribute values the answer names (:func:`check_details`)."""
+    return float(check_details(completion, record)["false"])
+
+
+def answer_words(completion: str, record: dict) -> float:
+    """Answer length in words: a policy padding its answers shows here.
+
+    >>> answer_words("a red  circle", {})
+    3.0
+    """
+    return float(len(completion.split()))
+
+
+# --- judge data -------------------------------------------------------------------------------
+def _wrong(options, value, rng) -> str:
+    rest = [o for o in options if o != value]
+    return rest[int(rng.integers(len(rest)))]
+
+
+def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
+    c, s, d = rec["colour"], rec["shape"], rec["direction"]
+    if kind == "colour":
+        return describe(_wrong(list(COLOURS), c, rng), s, d, rng)
+    if kind == "shape":
+        return describe(c, _wrong(SHAPES, s, rng), d, rng)
+    if kind == "direction":
+        return describe(c, s, _wrong(list(DIRECTIONS), d, rng), rng)
+    if kind == "added":  # a false attribute on top of a correct description
+        extra = (
+            f" moving {_wrong(list(DIRECTIONS), d or '', rng)}"
+            if d is None
+            else f" and a {_wrong(list(COLOURS), c, rng)} one"
+        )
+        return describe(c, s, d, rng) + extra
+    if kind == "missing":
+        if d is not None and rng.random() < 0.5:
+            return f"a {c} {s}"
+        return f"a {s}" if rng.random() < 0.5 else f"something {c}"
+    if kind == "repeat":  # one true word, repeated
+        word = (c, s, d or c)[int(rng.integers(3))]
+        return " ".join([word] * int(rng.integers(2, 6)))
+    raise ValueError(f"unknown negative kind {kind!r}")
+
+
+def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) -> list[dict]:
+    """``n`` Yes/No records for the description judge: half correct descriptions, half
+    negatives cycling through :data:`JUDGE_NEGATIVES` (direction only for clips). Each
+    record's "image" is the picture or the clip's frames (a list of PIL images, as the
+    GenRM reward sends them) and its "prompt" the judge template filled in. ``kwargs``
+    go to :func:`describe_records` (held-out exclusion by default)."""
+    rng = np.random.default_rng([seed, 12])
+    base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
+    out = []
+    for i, rec in enumerate(base):
+        positive = i % 2 == 0
+        if positive:
+            answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
+        else:
+            kinds = [k for k in JUDGE_NEGATIVES if k != "direction" or rec["direction"]]
+            kind = kinds[int(rng.integers(len(kinds)))]
+            answer = _negative(kind, rec, rng)
+        media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
+        out.append(
+            {
+                **{k: rec[k] for k in ("id", "colour", "shape", "direction", "task")},
+                "image": media,
+                "prompt": JUDGE_TEMPLATE.format(prompt=rec["prompt"], output=answer),
+                "output": answer,
+                "answer": "Yes" if positive else "No",
+                "negative_type": kind,
+            }
+        )
+    order = rng.permutation(n)
+    return [out[i] for i in order]

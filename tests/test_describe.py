@@ -1,0 +1,127 @@
+"""The open-description task of the VLM + GenRM recipe: records, held-out combinations,
+the independent check against hand-written answers, judge data and GenRM's clip frames."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmyatt.datasets import describe as d
+from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, MOTION_HELDOUT, MOTION_HELDOUT_TEST
+from mmyatt.rewards.genrm import GenRMReward, load_template
+from mmyatt.rewards.rules import resolve_reward
+
+IMG = {"colour": "red", "shape": "circle", "direction": None}
+CLIP = {"colour": "blue", "shape": "square", "direction": "left"}
+
+
+@pytest.mark.parametrize(
+    "answer, record, score, false",
+    [
+        ("a red circle", IMG, 1.0, 0),
+        ("It is a circle that is red.", IMG, 1.0, 0),
+        ("a circle", IMG, 0.5, 0),
+        ("red", IMG, 0.5, 0),
+        ("", IMG, 0.0, 0),
+        ("a blue circle", IMG, 0.0, 1),
+        ("a red circle and a blue one", IMG, 0.0, 1),
+        ("a red square", IMG, 0.0, 1),
+        ("a red circle moving left", IMG, 0.0, 1),  # a still image does not move
+        ("red red red circle circle", IMG, 1.0, 0),  # padding: caught by answer_words
+        ("a blue square moving left", CLIP, 1.0, 0),
+        ("the blue square moves", CLIP, 2 / 3, 0),
+        ("a blue square moving right", CLIP, 0.0, 1),
+        ("a blue square moving left and up", CLIP, 0.0, 1),
+        ("A BLUE SQUARE, LEFT.", CLIP, 1.0, 0),
+    ],
+)
+def test_check_against_hand_written_answers(answer, record, score, false):
+    got = d.check_details(answer, record)
+    assert got["score"] == pytest.approx(score)
+    assert got["false"] == false
+    assert resolve_reward("describe_check")(answer, record) == pytest.approx(score)
+    assert resolve_reward("describe_false_claims")(answer, record) == false
+
+
+def test_answer_words_counts_padding():
+    f = resolve_reward("answer_words")
+    assert f("a red circle", IMG) == 3.0
+    assert f("red red red circle circle", IMG) == 5.0
+
+
+def test_records_hold_out_combinations_and_carry_media():
+    recs = d.describe_records(400, seed=3)
+    assert {r["task"] for r in recs} == {"describe_image", "describe_video"}
+    for r in recs:
+        assert (r["colour"], r["shape"]) not in HELDOUT
+        if r["direction"]:
+            assert (r["colour"], r["shape"], r["direction"]) not in MOTION_HELDOUT
+            assert r["video"].shape == (d.FRAMES, d.IMAGE_SIZE, d.IMAGE_SIZE, 3)
+            assert r["prompt"] == d.DESCRIBE_VIDEO
+        else:
+            assert isinstance(r["image"], Image.Image)
+        assert d.description_check(r["answer"], r) == 1.0  # the reference is correct
+
+
+def test_written_task_splits(tmp_path):
+    p = d.write_describe_task(tmp_path, n_train=40, n_eval=12)
+    import json
+
+    test = [json.loads(x) for x in p["test"].read_text().splitlines()]
+    held = [r for r in test if r["split"] == "heldout"]
+    seen = [r for r in test if r["split"] == "seen"]
+    assert len(held) == 12 and len(seen) == 6
+    for r in held:
+        if r["direction"]:
+            assert (r["colour"], r["shape"], r["direction"]) in MOTION_HELDOUT_TEST
+        else:
+            assert (r["colour"], r["shape"]) in HELDOUT_TEST
+    for r in seen:
+        assert (r["colour"], r["shape"]) not in HELDOUT
+    train = [json.loads(x) for x in p["train"].read_text().splitlines()]
+    assert all((r["colour"], r["shape"]) not in HELDOUT for r in train)
+    assert all((tmp_path / r.get("image", r.get("video"))).exists() for r in train + test)
+
+
+def test_judge_records_are_labelled_by_construction():
+    recs = d.judge_records(120, seed=1)
+    assert sum(r["answer"] == "Yes" for r in recs) == 60
+    for r in recs:
+        if r["answer"] == "Yes":
+            assert d.description_check(r["output"], r) == 1.0
+        elif r["negative_type"] in ("colour", "shape", "direction", "added"):
+            assert d.description_check(r["output"], r) == 0.0
+        assert (r["colour"], r["shape"]) not in HELDOUT
+    clips = [r for r in recs if r["direction"]]
+    assert clips and all(len(r["image"]) == d.FRAMES for r in clips)
+
+
+def test_judge_prompt_is_the_genrm_template():
+    assert d.JUDGE_TEMPLATE == load_template("yes_no_correct")
+
+
+class _Capture:
+    def __init__(self):
+        self.bodies = []
+
+    def chat_many(self, bodies):
+        self.bodies += bodies
+        top = [{"token": "Yes", "logprob": -0.1}, {"token": "No", "logprob": -2.4}]
+        return [{"choices": [{"logprobs": {"content": [{"top_logprobs": top}]}}]} for _ in bodies]
+
+
+def test_genrm_sends_image_or_clip_frames():
+    cap = _Capture()
+    g = GenRMReward(cap, mode="yes_prob", template="yes_no_correct", image_key="media")
+    image = Image.new("RGB", (8, 8))
+    clip = np.zeros((6, 8, 8, 3), dtype=np.uint8)
+    rec_i = {"prompt": d.DESCRIBE_IMAGE, "image": image}
+    rec_v = {"prompt": d.DESCRIBE_VIDEO, "image": None, "video": clip}
+    reward, _ = g(["a red circle", "a blue square moving left"], [rec_i, rec_v])
+    parts = [b["messages"][-1]["content"] for b in cap.bodies]
+    kinds = [[p["type"] for p in ps] for ps in parts]
+    assert kinds[0] == ["image_url", "text"]
+    assert kinds[1] == ["image_url"] * 4 + ["text"]  # 6 frames, max_frames 4
+    assert "Answer: a blue square moving left" in parts[1][-1]["text"]
+    assert reward.tolist() == pytest.approx([1 / (1 + np.exp(-2.3))] * 2, abs=1e-6)
+    with pytest.raises(ValueError, match="no 'media'"):
+        g(["x"], [{"prompt": "q"}])
