@@ -72,11 +72,19 @@ class Controller:
                     f"logprobs_with_kl (the flow adapter); {type(policy).__name__} has none"
                 )
             policy.enable_reference()
+        self.nft = None  # DiffusionNFT's sampling policy and loss (models/flow_nft.py)
+        if cfg.algorithm.name == "diffusion_nft":
+            from mmyatt.models.flow_nft import FlowNFT, NFTSettings
+
+            n = cfg.algorithm.nft
+            settings = NFTSettings(**{k: getattr(n, k) for k in NFTSettings.__dataclass_fields__})
+            self.nft = FlowNFT(policy, settings, seed=cfg.trainer.seed)
 
     @property
     def _closed_form_kl(self) -> bool:
         a = self.cfg.algorithm
-        return a.kl_coef > 0 and a.kl_estimator in alg.CLOSED_FORM_KL
+        nft = a.name == "diffusion_nft"  # its KL is on velocities (models/flow_nft.py)
+        return not nft and a.kl_coef > 0 and a.kl_estimator in alg.CLOSED_FORM_KL
 
     # ------------------------------------------------------------------ the step
     def step(self) -> dict[str, float]:
@@ -105,6 +113,8 @@ class Controller:
             rollout = self.old_and_reference_logprobs(rollout)
         with timer("update"):
             upd = self.update(rollout)
+            if self.nft is not None:  # the sampling policy trails the trained one
+                upd["nft/old_decay"] = self.nft.update_old(self.step_count + 1)
         self.last_rollout = rollout
         return {**self.rollout_metrics(rollout), **dyn, **upd, **timer.metrics()}
 
@@ -165,7 +175,8 @@ class Controller:
         seeds = [
             prompt_seed(self.cfg.trainer.seed, r.get("_epoch", 0), r["_index"]) for r in records
         ]
-        return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
+        with self.nft.sampling() if self.nft is not None else nullcontext():
+            return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
 
     def call_reward(self, outputs, records, prompt_ids):
         """``self.reward``; a judge that stays down past its client's retry budget stops
@@ -223,7 +234,7 @@ class Controller:
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
-        if len(r) == 0:
+        if len(r) == 0 or self.nft is not None:  # NFT: no log-probs, its KL is on velocities
             return r
         with torch.no_grad():
             if a.recompute_old_logprobs:
@@ -266,7 +277,9 @@ class Controller:
             ("tokens", "den", "num", "entropy", "clip_frac", "ratio_mean", "approx_kl", "kl"), 0.0
         )
         num = None
-        if mb is not None and len(mb):
+        if self.nft is not None:
+            num = self._nft_terms(mb, local)
+        elif mb is not None and len(mb):
             if self._closed_form_kl:
                 lp, ent, kl = self.policy.logprobs_with_kl(mb, a.kl_estimator, a.kl_block)
             else:
@@ -315,7 +328,33 @@ class Controller:
             out[f"train/{k}"] = g[k] / tok
         if a.kl_coef > 0:
             out["train/kl"] = g["kl"] / tok
+        for k in g:
+            if k.startswith("nft/"):
+                out[k] = g[k] / tok
         return out
+
+    def _nft_terms(self, mb: Rollout | None, local: dict):
+        """DiffusionNFT's numerator (sum of per-sample losses) and counts into ``local``;
+        the same keys on every rank, with or without samples."""
+        a = self.cfg.algorithm
+        for k in ("positive", "negative", "old_deviation", "r_mean"):
+            local[f"nft/{k}"] = 0.0
+        if mb is None or not len(mb):
+            return None
+        rows, stats = self.nft.loss(
+            mb,
+            self.step_count,
+            kl_coef=a.kl_coef,
+            kl_block=a.kl_block,
+            reference=self.nft.reference_fn() if a.kl_coef > 0 else None,
+        )
+        n = float(len(mb))
+        local.update({"tokens": n, "den": n, "num": float(rows.detach().sum())})
+        for k in ("positive", "negative", "old_deviation", "r_mean"):
+            local[f"nft/{k}"] = float(stats[k]) * n
+        if "kl" in stats:
+            local["kl"] = float(stats["kl"]) * n
+        return rows.sum()
 
     # ------------------------------------------------------------------ run state
     def shared_state(self) -> dict:
@@ -330,6 +369,7 @@ class Controller:
             "step": self.step_count,
             "counters": dict(self.counters),
             "ema": ema,
+            "nft_old": None if self.nft is None else self.nft.state_dict(),
         }
 
     def local_state(self) -> dict:
@@ -348,6 +388,8 @@ class Controller:
         self.counters.update(shared["counters"])
         if shared.get("ema") is not None:
             self.policy.load_ema_state(shared["ema"])
+        if self.nft is not None and shared.get("nft_old") is not None:
+            self.nft.load_state_dict(shared["nft_old"])
         self.shard.load_state_dict(local["cursor"])
         set_rng_state(local["rng"])
         return self.step_count
@@ -494,7 +536,8 @@ class Controller:
             sde_type=s.sde_type,
             guidance_scale=s.guidance_scale,
             sde_steps=sde_steps,
-            train_steps=train_steps,
+            # DiffusionNFT keeps only the clean samples: no transition becomes an action
+            train_steps=() if self.nft is not None else train_steps,
         )
 
     def eval_sampling(self, greedy: bool | None = None) -> Sampling:

@@ -903,6 +903,10 @@ class FlowPolicy:
             "uncond_pooled": uncond_pooled,
             "guidance_scale": guidance,  # (N,)
             "sde_type": sampling.sde_type,
+            # the final samples before any VAE decode, and the sampler's noise levels:
+            # what DiffusionNFT trains on (models/flow_nft.py) and latent rewards read
+            "x0": x,
+            "sampler_sigmas": sigmas[:-1].unsqueeze(0).expand(n, -1).contiguous(),
         }
         return Rollout(
             prompt_ids=[str(r.get("id", r["prompt"])) for r in records],
