@@ -1,0 +1,171 @@
+"""Placement mappings: which cores each role holds in each mode, checked before start.
+
+A mapping that cannot work fails in ``load_config`` (so before data, models, judges or
+controllers start) with a message that says what does not add up: more cores than this
+machine lets the run use, a split that leaves rollout or the judge nothing, a judge
+that must be pinned but is not started with the run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mmyatt.config import PlacementConfig, RunConfig
+
+MODES = ("shared", "colocate", "partial", "auto")
+
+
+def allowed_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity mask), sorted."""
+    return sorted(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class CorePlan:
+    """Core sets per role for one mode. Phases run in series (colocate) or rollout and
+    judge at once on disjoint sets (partial); training always holds ``train``."""
+
+    mode: str
+    cores: tuple[int, ...]
+    rollout: tuple[int, ...]
+    judge: tuple[int, ...]
+    train: tuple[int, ...]
+
+    @property
+    def split(self) -> str:
+        """``rollout:judge`` core counts while generating ("2:2" in colocate: in series)."""
+        return f"{len(self.rollout)}:{len(self.judge)}"
+
+
+def _error(msg: str):
+    from mmyatt.config import ConfigError
+
+    return ConfigError(msg)
+
+
+def run_cores(p: PlacementConfig, available: list[int] | None = None) -> tuple[int, ...]:
+    """``placement.cores`` checked against the cores this process may use (all of them
+    when empty)."""
+    avail = allowed_cores() if available is None else sorted(available)
+    if not p.cores:
+        return tuple(avail)
+    if len(set(p.cores)) != len(p.cores):
+        raise _error(f"placement.cores={list(p.cores)} names a core twice")
+    missing = [c for c in p.cores if c not in avail]
+    if missing:
+        raise _error(
+            f"placement.cores={list(p.cores)} names core(s) {missing}, but this process may "
+            f"run on cores {avail} ({len(avail)} cores): more cores than exist here"
+        )
+    return tuple(p.cores)
+
+
+def partial_split(p: PlacementConfig, n: int) -> tuple[int, int]:
+    """(rollout cores, judge cores) for partial mode on ``n`` cores, checked."""
+    if n < 2:
+        raise _error(
+            f"placement.mode=partial runs rollout and the judge at once on disjoint cores: it "
+            f"needs at least 2 cores, the run has {n}"
+        )
+    r, j = p.rollout_cores, p.judge_cores
+    if r < 0 or j < 0:
+        raise _error(f"placement.rollout_cores={r} and judge_cores={j} must be >= 0")
+    if r == 0 and j == 0:
+        r = (n + 1) // 2
+    if r == 0:
+        r = n - j
+    if j == 0:
+        j = n - r
+    if r + j > n:
+        raise _error(
+            f"placement.rollout_cores ({r}) + placement.judge_cores ({j}) = {r + j} cores, "
+            f"but the run has {n}: more cores than exist"
+        )
+    if j <= 0:
+        raise _error(
+            f"placement.mode=partial gives the judge nothing: rollout_cores={r} takes all "
+            f"{n} cores; lower placement.rollout_cores or set placement.judge_cores"
+        )
+    if r <= 0:
+        raise _error(
+            f"placement.mode=partial gives rollout nothing: judge_cores={j} takes all {n} cores"
+        )
+    return r, j
+
+
+def make_plan(mode: str, cores: tuple[int, ...], rollout: int = 0, judge: int = 0) -> CorePlan:
+    """The core sets of ``mode`` on ``cores``; partial takes ``rollout`` + ``judge`` cores."""
+    if mode == "partial":
+        return CorePlan(mode, cores, cores[:rollout], cores[rollout : rollout + judge], cores)
+    return CorePlan(mode, cores, cores, cores, cores)
+
+
+def plan_for(cfg: RunConfig, available: list[int] | None = None) -> CorePlan | None:
+    """The static plan of a run (None for shared; auto's starting plan is colocate)."""
+    p = cfg.placement
+    if p.mode == "shared":
+        return None
+    cores = run_cores(p, available)
+    if p.mode == "partial":
+        return make_plan("partial", cores, *partial_split(p, len(cores)))
+    return make_plan("colocate", cores)
+
+
+def candidate_plans(cfg: RunConfig, available: list[int] | None = None) -> list[CorePlan]:
+    """What auto chooses from: colocate, and partial at every split of the cores."""
+    cores = run_cores(cfg.placement, available)
+    plans = [make_plan("colocate", cores)]
+    plans += [make_plan("partial", cores, r, len(cores) - r) for r in range(1, len(cores))]
+    return plans
+
+
+def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
+    """Every check of the placement section; raises ConfigError naming the key."""
+    p = cfg.placement
+    if p.mode not in MODES:
+        raise _error(f"placement.mode={p.mode!r} is not one of {', '.join(MODES)}")
+    for key, value, low in (
+        ("stream_groups", p.stream_groups, 1),
+        ("profile_steps", p.profile_steps, 1),
+        ("reevaluate_every", p.reevaluate_every, 1),
+    ):
+        if value < low:
+            raise _error(f"placement.{key} must be >= {low}, got {value}")
+    if not p.drift_threshold > 0:
+        raise _error(f"placement.drift_threshold must be > 0, got {p.drift_threshold}")
+    if p.mode == "shared":
+        if p.cores or p.rollout_cores or p.judge_cores:
+            raise _error(
+                "placement.cores / rollout_cores / judge_cores are set but placement.mode="
+                "shared pins nothing; choose placement.mode colocate, partial or auto"
+            )
+        return
+    cores = run_cores(p, available)
+    judge = cfg.reward.judge
+    uses_judge = any(f.name == "genrm" for f in cfg.reward.functions)
+    if p.mode in ("partial", "auto") and uses_judge and judge.model is None:
+        raise _error(
+            f"placement.mode={p.mode} pins the judge to its cores, so the judge must be "
+            "started with the run (reward.judge.model); a judge at reward.judge.urls runs "
+            "elsewhere: use placement.mode=shared or colocate"
+        )
+    if p.mode == "partial":
+        partial_split(p, len(cores))
+    elif p.rollout_cores or p.judge_cores:
+        if p.mode == "colocate":
+            raise _error(
+                "placement.rollout_cores / judge_cores split the cores in partial mode; "
+                "colocate gives every phase all of placement.cores"
+            )
+        partial_split(p, len(cores))  # auto: the split it starts partial with
+    if p.mode in ("partial", "auto"):
+        z = [f.name for f in cfg.reward.functions if f.zscore]
+        if z:
+            raise _error(
+                f"placement.mode={p.mode} scores each finished group as it comes, but "
+                f"reward.functions {z} use zscore, which standardises over the whole batch; "
+                "drop zscore or use placement.mode=colocate"
+            )

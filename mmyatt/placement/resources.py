@@ -1,0 +1,99 @@
+"""The CPU resource pool: pin a process (every thread of it) to a core set, give torch
+the matching thread count, and read what a process used (CPU seconds, peak RSS).
+
+``os.sched_setaffinity(pid)`` moves one thread on Linux; the threads a process already
+has (torch's OpenMP pool, HTTP handlers) keep their old mask. ``pin_process`` therefore
+sets the mask of every task under ``/proc/<pid>/task``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def pin_process(cores: Sequence[int], pid: int | None = None) -> None:
+    """Run every thread of process ``pid`` (this one by default) on ``cores`` only."""
+    pid = os.getpid() if pid is None else pid
+    mask = set(int(c) for c in cores)
+    if not mask:
+        raise ValueError("pin_process: an empty core set")
+    tasks = Path(f"/proc/{pid}/task")
+    tids = [int(t) for t in os.listdir(tasks)] if tasks.is_dir() else [pid]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, mask)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that just ended
+            pass
+
+
+def process_cores(pid: int | None = None) -> list[int]:
+    return sorted(os.sched_getaffinity(0 if pid is None else pid))
+
+
+def set_threads(n: int) -> None:
+    """torch's intra-op threads for this process's next phase (at least 1)."""
+    import torch
+
+    n = max(1, int(n))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+def use_cores(cores: Sequence[int], sharers: int = 1) -> int:
+    """Pin this process to ``cores`` shared with ``sharers - 1`` other processes of the
+    same role, and give torch ``len(cores) // sharers`` threads (at least 1). Returns
+    the thread count."""
+    pin_process(cores)
+    n = max(1, len(cores) // max(1, sharers))
+    set_threads(n)
+    return n
+
+
+def _status(pid: int | str = "self") -> dict[str, int]:
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(rest.split()[0])  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    return _status(pid).get("VmRSS", 0) / 1024.0
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """Peak resident memory since the last ``reset_peak_rss`` (VmHWM)."""
+    return _status(pid).get("VmHWM", 0) / 1024.0
+
+
+def reset_peak_rss(pid: int | str = "self") -> bool:
+    """Start a new peak-RSS window (writing 5 to clear_refs resets VmHWM; Linux >= 4.0).
+    False where the kernel does not allow it, and the peak then runs from process start."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) this process has used, all threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+def release_free_memory() -> None:
+    """Give freed heap pages back to the OS (glibc malloc_trim), so dropped weights show
+    up as lower RSS; a no-op where there is no glibc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
