@@ -57,8 +57,12 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-MODES = ("yes_prob", "score")
-DEFAULT_TEMPLATES = {"yes_prob": "yes_no_alignment", "score": "score_1_10"}
+MODES = ("yes_prob", "score", "pairwise")  # pairwise: win rates, see rewards/pairwise.py
+DEFAULT_TEMPLATES = {
+    "yes_prob": "yes_no_alignment",
+    "score": "score_1_10",
+    "pairwise": "pairwise_alignment",
+}
 
 
 def available_templates() -> list[str]:
@@ -216,6 +220,10 @@ class GenRMReward:
         model: str | None = None,
         seed: int = 0,
         name: str = "genrm",
+        verdict: str = "judge",
+        max_opponents: int | None = None,
+        first_tokens: Sequence[str] = ("1", " 1"),
+        second_tokens: Sequence[str] = ("2", " 2"),
     ):
         if mode not in MODES:
             raise ValueError(f"GenRM mode must be one of {MODES}, got {mode!r}")
@@ -233,6 +241,16 @@ class GenRMReward:
             client = JudgeClient(client)
         self.client = client
         self.mode = mode
+        # pairwise (rewards/pairwise.py): verdicts of the judge on two images, or derived
+        # from each sample's P(Yes) (asked with the yes_prob template)
+        from mmyatt.rewards.pairwise import VERDICTS
+
+        if verdict not in VERDICTS:
+            raise ValueError(f"pairwise verdict must be one of {VERDICTS}, got {verdict!r}")
+        self.verdict, self.max_opponents = verdict, max_opponents
+        self.first_tokens, self.second_tokens = tuple(first_tokens), tuple(second_tokens)
+        if mode == "pairwise" and verdict == "yes_prob" and template is None:
+            template = DEFAULT_TEMPLATES["yes_prob"]
         self.template_name = str(template or DEFAULT_TEMPLATES[mode])
         self.template = load_template(self.template_name)
         self.fields = template_fields(self.template)
@@ -265,7 +283,12 @@ class GenRMReward:
 
     @property
     def names(self) -> list[str]:
-        return [self.name, f"{self.name}_parse_failed"]
+        extra = [f"{self.name}_swap_consistency"] if self.mode == "pairwise" else []
+        return [self.name, f"{self.name}_parse_failed", *extra]
+
+    @property
+    def yes_no(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return self.yes_tokens, self.no_tokens
 
     # --- building requests ------------------------------------------------------------
     def messages(self, output: Any, record: dict, index: int = 0) -> list[dict]:
@@ -422,6 +445,8 @@ class GenRMReward:
         import torch
 
         check_batch(outputs, records, prompt_ids)
+        if self.mode == "pairwise":
+            return self._pairwise(outputs, records, prompt_ids)
         bodies = self.requests(outputs, records)
         self._calls += 1
         responses = self.client.chat_many(bodies) if bodies else []
@@ -442,4 +467,28 @@ class GenRMReward:
         return total, {
             self.name: total.clone(),
             f"{self.name}_parse_failed": torch.tensor(failed, dtype=torch.float32),
+        }
+
+    def _pairwise(self, outputs, records, prompt_ids) -> tuple[Tensor, dict[str, Tensor]]:
+        """Win rates within each group (rewards/pairwise.py), swap consistency beside."""
+        import torch
+
+        from mmyatt.rewards.pairwise import judge_pairwise
+
+        self._calls += 1
+        wins, consistency, failed, st = judge_pairwise(self, outputs, records, prompt_ids)
+        self.stats["requests"] += st["requests"]
+        self.stats["samples"] += len(outputs)
+        self.stats["judgements"] += st["judgements"]
+        self.stats["parse_failures"] += st["parse_failures"]
+        self.stats["fallback_used"] += sum(f > 0 for f in failed)
+        self.last_verdicts = [
+            {"mode": "pairwise", "verdict": w, "swap_consistency": c, "values": None}
+            for w, c in zip(wins, consistency)
+        ]
+        total = torch.tensor(wins, dtype=torch.float32)
+        return total, {
+            self.name: total.clone(),
+            f"{self.name}_parse_failed": torch.tensor(failed, dtype=torch.float32),
+            f"{self.name}_swap_consistency": torch.tensor(consistency, dtype=torch.float32),
         }
