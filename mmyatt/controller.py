@@ -72,6 +72,13 @@ class Controller:
                     f"logprobs_with_kl (the flow adapter); {type(policy).__name__} has none"
                 )
             policy.enable_reference()
+        if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
+            if not hasattr(policy, "decode_outputs"):
+                raise TypeError(
+                    f"the rewards read latents, but {type(policy).__name__} has no latents "
+                    "(latent rewards are for flow models)"
+                )
+            policy.decode_outputs = False
         self.nft = None  # DiffusionNFT's sampling policy and loss (models/flow_nft.py)
         if cfg.algorithm.name == "diffusion_nft":
             from mmyatt.models.flow_nft import FlowNFT, NFTSettings

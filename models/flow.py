@@ -447,6 +447,9 @@ class FlowPolicy:
         self.lora = None
         self._ref_model: nn.Module | None = None
         self._ema: dict[str, Tensor] | None = None
+        # False: rollouts return the final samples (latents) as outputs and skip the VAE
+        # decode, for rewards that read latents (rewards/image.py reads_latents)
+        self.decode_outputs = True
         if lora is not None:
             self._add_lora(lora)
 
@@ -916,7 +919,7 @@ class FlowPolicy:
             # in eval) has no density: it is recorded but not an action
             mask=(level_t > 0).float(),
             context=context,
-            outputs=tensor_to_images(self.to_pixels(x)),
+            outputs=tensor_to_images(self.to_pixels(x)) if self.decode_outputs else list(x),
             records=records,
             truncated=torch.zeros(n, dtype=torch.bool),
         )

@@ -35,9 +35,11 @@ __all__ = [
     "foreground_mask",
     "jpeg_compressibility",
     "jpeg_incompressibility",
+    "latent_brightness",
     "load_scorer",
     "motion_direction",
     "prompt_alignment_rule",
+    "reads_latents",
     "shape_critic",
     "shape_fill",
     "shape_match",
@@ -388,7 +390,34 @@ def shape_critic(output: Output, record: dict, *, path: str | None = None) -> fl
     return float(critic.score(frames, [colour] * len(frames), [shape] * len(frames)).mean())
 
 
+# --- latent rewards -----------------------------------------------------------------------
+def reads_latents(fn: Callable[..., float]) -> Callable[..., float]:
+    """Declare that a reward reads the generator's final latents, not decoded images: its
+    ``output`` is then the sample before any VAE decode, a tensor (C, H, W) or
+    (C, F, H, W) (pixels in [-1, 1] for the tiny pixel-space built-ins). When every
+    reward of a run reads latents, flow rollouts skip the VAE decode (``FlowPolicy.
+    decode_outputs``); a run mixing latent and pixel rewards is refused at build time."""
+    fn.reads_latents = True
+    return fn
+
+
+@reads_latents
+def latent_brightness(output: Any, record: dict | None = None) -> float:
+    """Mean of the latent mapped from [-1, 1] to [0, 1] (clipped): for the pixel-space
+    built-ins the image's brightness, read without decoding; an example of a latent
+    reward (for a VAE model it is the mean latent, not a brightness)."""
+    import torch
+
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(
+            f"latent_brightness reads latents (a tensor), got {type(output).__name__}: "
+            "the rollout decoded images because another reward of the run reads pixels"
+        )
+    return float(((output.float().mean() + 1.0) / 2.0).clamp(0.0, 1.0))
+
+
 IMAGE_REWARDS: dict[str, Callable[..., float]] = {
+    "latent_brightness": latent_brightness,
     "shape_critic": shape_critic,
     "jpeg_compressibility": jpeg_compressibility,
     "jpeg_incompressibility": jpeg_incompressibility,

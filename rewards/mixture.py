@@ -31,6 +31,13 @@ class RewardMixture:
         if not terms:
             raise ValueError("RewardMixture needs at least one term")
         self.terms = list(terms)
+        latent = [t[0] for t in self.terms if getattr(t[1], "reads_latents", False)]
+        if latent and len(latent) < len(self.terms):
+            raise ValueError(
+                f"rewards {latent} read latents, the others decoded outputs; one rollout "
+                "gives one or the other (rewards/image.py reads_latents)"
+            )
+        self.reads_latents = bool(latent)  # every term reads latents: rollouts skip the decode
 
     @classmethod
     def from_specs(

@@ -195,6 +195,13 @@ class WeightedReward:
         self.terms: list[tuple[str, RewardFn, float, dict]] = []  # (label, fn, weight, kwargs)
         for i, spec in enumerate(specs):
             self.terms.append(self._build_term(i, spec))
+        latent = [t[0] for t in self.terms if getattr(t[1], "reads_latents", False)]
+        if latent and len(latent) < len(self.terms):
+            raise ValueError(
+                f"rewards {latent} read latents and {[t[0] for t in self.terms if t[0] not in latent]} "
+                "read decoded outputs; one rollout gives one or the other"
+            )
+        self.reads_latents = bool(latent)  # rewards/image.py reads_latents: skip the decode
 
     def _build_term(self, i: int, spec: Mapping[str, Any]) -> tuple[str, RewardFn, float, dict]:
         unknown = set(spec) - _SPEC_KEYS

@@ -180,3 +180,70 @@ def test_config_checks():
         )
     with pytest.raises(ConfigError, match="beta > 0"):
         load_config("configs/flow_nft_tiny.yaml", ["algorithm.nft.beta=0"])
+
+
+# --- the engine: an NFT step, and latent rewards that skip the decode ------------------
+def _controller(tmp_path, reward_specs, overrides=()):
+    from mmyatt.controller import Controller
+    from mmyatt.datasets.manifest import ShardedManifest
+    from mmyatt.datasets.synthetic import write_jsonl
+    from mmyatt.distributed import Dist
+    from mmyatt.rewards.rules import WeightedReward
+
+    recs = [{"prompt": p["prompt"], "id": p["id"]} for p in PROMPTS] * 2
+    write_jsonl(tmp_path / "m.jsonl", recs)
+    cfg = load_config(
+        None,
+        [
+            "model.kind=flow",
+            "algorithm.name=diffusion_nft",
+            "algorithm.advantage_std=batch",
+            "sampling.group_size=3",
+            "sampling.denoise_steps=3",
+            "sampling.noise_level=0.0",
+            "data.prompts_per_step=2",
+            "optim.lr=1e-3",
+            "algorithm.nft.decay_rate=0.25",
+            *overrides,
+        ],
+    )
+    shard = ShardedManifest([str(tmp_path / "m.jsonl")], rank=0, world_size=1, seed=0)
+    policy = _policy()
+    ctl = Controller(
+        cfg, tmp_path, Dist(), policy=policy, reward=WeightedReward(reward_specs), shard=shard,
+        eval_records=[],
+    )  # fmt: skip
+    return ctl, policy
+
+
+def test_nft_controller_step_with_a_latent_reward_skips_the_decode(tmp_path, monkeypatch):
+    ctl, policy = _controller(tmp_path, [{"name": "latent_brightness"}])
+    assert policy.decode_outputs is False
+    calls = []
+    monkeypatch.setattr(policy, "to_pixels", lambda x: calls.append(x) or x)
+    before = {n: p.detach().clone() for n, p in policy.module().named_parameters()}
+    m1 = ctl.step()
+    assert calls == []  # the rollout never decoded its samples
+    assert ctl.last_rollout.num_actions == 0  # NFT: no transitions, no log-probs
+    assert all(o.shape == policy.sample_shape for o in ctl.last_rollout.outputs)
+    assert m1["train/optimizer_steps"] == 1.0 and m1["nft/old_decay"] == 0.25
+    assert 0.0 < m1["nft/r_mean"] < 1.0 and m1["nft/old_deviation"] == 0.0
+    moved = [n for n, p in policy.module().named_parameters() if not torch.equal(p, before[n])]
+    assert moved
+    # the sampling policy took 3/4 of the step: old = 0.25 old + 0.75 theta
+    cur = dict(policy.module().named_parameters())
+    n0 = moved[0]
+    want = 0.25 * before[n0] + 0.75 * cur[n0].detach()
+    assert torch.allclose(dict(ctl.nft.old.named_parameters())[n0], want)
+    m2 = ctl.step()
+    assert m2["nft/old_deviation"] > 0.0  # the trained policy now differs from the sampler
+    assert "nft_old" in ctl.shared_state()
+
+
+def test_pixel_rewards_decode_and_mixing_is_refused(tmp_path):
+    from mmyatt.rewards.rules import WeightedReward
+
+    _, policy = _controller(tmp_path, [{"name": "brightness"}])
+    assert policy.decode_outputs is True
+    with pytest.raises(ValueError, match="read latents"):
+        WeightedReward([{"name": "latent_brightness"}, {"name": "brightness"}])
