@@ -65,6 +65,9 @@ class Controller:
         self.consumed: list[int] = []  # manifest indices drawn in the current step
         self.eval_outputs: list = []  # (output, prompt, reward) of the last eval on this rank
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
+        from mmyatt.placement.runner import Placement
+
+        self.placement = Placement(cfg, dist)  # which cores each phase runs on (placement.*)
         if cfg.algorithm.kl_coef > 0:
             if self._closed_form_kl and not hasattr(policy, "logprobs_with_kl"):
                 raise TypeError(
@@ -100,6 +103,7 @@ class Controller:
         # fails before its update (a judge that stays down; see `call_reward`)
         self.step_start_local = self.local_state()
         out = self._step()
+        out.update(self.placement.end_step())
         self.step_count += 1  # counts skipped steps too: it is the loop's step number
         return out
 
@@ -137,10 +141,8 @@ class Controller:
         while True:
             records = self.shard.next_batch(self.local_prompts)
             self.consumed += [r["_index"] for r in records]
-            with timer("generate"):
-                r = self.generate(records, self.train_sampling())
-            with timer("reward"):
-                r = self.score(r)
+            # generate, then score (how: placement.mode; partial streams groups to the judge)
+            r = self.placement.generate_and_score(self, records, self.train_sampling(), timer)
             r_any = r
             gen_sum += float(r.rewards.sum())
             gen_n += len(r)
@@ -207,8 +209,12 @@ class Controller:
                 raise error
             raise JudgeError("the judge calls of another controller failed (see its error)")
 
-    def score(self, r: Rollout) -> Rollout:
-        rewards, parts = self.call_reward(r.outputs, r.records, r.prompt_ids)
+    def score(self, r: Rollout, scored=None) -> Rollout:
+        """Rewards of ``r``; ``scored``: its (rewards, parts), already computed (placement
+        partial scores each chunk as it is generated)."""
+        if scored is None:
+            scored = self.call_reward(r.outputs, r.records, r.prompt_ids)
+        rewards, parts = scored
         a = self.cfg.algorithm
         if a.overlong == "penalty":
             lengths = r.mask.sum(1).long()

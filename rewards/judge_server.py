@@ -471,6 +471,12 @@ class _Engine:
         }
         self._stop = threading.Event()
         self._submit_lock = threading.Lock()
+        # placement (mmyatt/placement): the weights can be dropped between judge phases
+        # and reloaded by ``loader``; ``threads`` is applied by the worker thread itself
+        self.loader = None
+        self.model_lock = threading.Lock()
+        self.threads: int | None = None
+        self.stats.update({"sleeping": False, "reloads": 0, "reload_s": 0.0, "sleeps": 0})
         self.thread = threading.Thread(target=self._loop, name="judge-batcher", daemon=True)
         self.thread.start()
 
@@ -524,7 +530,53 @@ class _Engine:
             self.stats["model_time_s"] += elapsed
         return result, elapsed
 
+    def sleep(self) -> float:
+        """Drop the model's weights (after the batch being served); returns seconds."""
+        if self.loader is None:
+            raise RequestError("this judge was given as an object and cannot reload", 400)
+        t0 = time.perf_counter()
+        with self.model_lock:
+            if self.model is not None:
+                self.model = None
+                import gc
+
+                gc.collect()
+                from mmyatt.placement.resources import release_free_memory
+
+                release_free_memory()
+                with self.lock:
+                    self.stats["sleeps"] += 1
+                    self.stats["sleeping"] = True
+        return time.perf_counter() - t0
+
+    def wake(self) -> float:
+        """Reload the weights if they were dropped; returns the reload seconds (0 if awake)."""
+        with self.model_lock:
+            return self._wake_locked()
+
+    def _wake_locked(self) -> float:
+        if self.model is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.model = self.loader()
+        dt = time.perf_counter() - t0
+        with self.lock:
+            self.stats["reloads"] += 1
+            self.stats["reload_s"] += dt
+            self.stats["sleeping"] = False
+        return dt
+
     def _run(self, batch: list[_Work]) -> None:
+        with self.model_lock:  # a sleeping judge reloads before it serves
+            if self.threads:
+                import torch
+
+                if torch.get_num_threads() != self.threads:
+                    torch.set_num_threads(self.threads)
+            self._wake_locked()
+            self._run_awake(batch)
+
+    def _run_awake(self, batch: list[_Work]) -> None:
         with self.lock:
             self.stats["requests"] += len(batch)
             self.stats["batches"] += 1
@@ -744,8 +796,44 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route GET {path}", code="not_found")
 
+    def _placement(self, path: str) -> None:
+        """``POST /sleep`` drops the weights, ``POST /wake_up`` reloads them (vLLM's names);
+        ``POST /mmyatt/placement`` with {"cores": [...], "threads": n, "reset_peak": bool}
+        pins this server to cores and sets its torch threads (mmyatt/placement)."""
+        from mmyatt.placement import resources
+
+        engine = self.server.judge.engine
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length)) if 0 < length <= MAX_BODY_BYTES else {}
+            if path == "/sleep":
+                out = {"sleep_s": engine.sleep()}
+            elif path == "/wake_up":
+                out = {"reload_s": engine.wake()}
+            else:
+                if body.get("cores"):
+                    resources.pin_process([int(c) for c in body["cores"]])
+                if body.get("threads"):
+                    engine.threads = int(body["threads"])
+                if body.get("reset_peak"):
+                    resources.reset_peak_rss()
+                out = {"cores": resources.process_cores(), "threads": engine.threads}
+        except RequestError as error:
+            self._error(error.status, str(error), error.code)
+            return
+        except (ValueError, TypeError, OSError) as error:
+            self._error(400, f"{path}: {error}")
+            return
+        self._send(200, out)
+
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0].rstrip("/")
+        if path in ("/sleep", "/wake_up", "/mmyatt/placement"):
+            if self._authorized():
+                self._placement(path)
+            else:
+                self._drain()
+            return
         if path != "/v1/chat/completions":
             self._drain()
             self._error(404, f"no route POST {path}", code="not_found")
@@ -871,6 +959,9 @@ class JudgeServer:
                 flush=True,
             )
         self.engine = _Engine(self.model, max_batch, batch_wait_ms)
+        if isinstance(model, (str, Path)):
+            self.engine.loader = lambda: load_judge(str(model), device=device)
+        self._initial_model = None  # the engine holds the only reference (sleep frees it)
         try:
             self.httpd = _HTTPServer((host, port), _Handler, self)
         except BaseException:
@@ -881,6 +972,16 @@ class JudgeServer:
         self._thread: threading.Thread | None = None
 
     @property
+    def model(self) -> JudgeModel | None:
+        """The served model (None while asleep, see ``POST /sleep``)."""
+        engine = self.__dict__.get("engine")
+        return engine.model if engine is not None else self._initial_model
+
+    @model.setter
+    def model(self, value) -> None:
+        self._initial_model = value
+
+    @property
     def url(self) -> str:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         if host in ("0.0.0.0", "[::]"):
@@ -889,8 +990,13 @@ class JudgeServer:
 
     @property
     def stats(self) -> dict:
+        from mmyatt.placement.resources import cpu_seconds, peak_rss_mb, rss_mb
+
         with self.engine.lock:
             stats = json.loads(json.dumps(self.engine.stats))  # a deep copy, JSON keys
+        stats.update(
+            pid=os.getpid(), cpu_s=cpu_seconds(), rss_mb=rss_mb(), peak_rss_mb=peak_rss_mb()
+        )
         stats["max_batch"] = self.engine.max_batch
         stats["batch_wait_ms"] = self.engine.batch_wait_s * 1000.0
         return stats

@@ -1,0 +1,312 @@
+"""The placement modes inside a controller's step.
+
+``Controller.collect`` hands generation and scoring of each batch of records to
+``Placement.generate_and_score``; ``Controller.step`` calls ``Placement.end_step`` after
+the update. Per mode:
+
+- shared: generate, then score, nothing pinned (the behaviour before placement existed).
+- colocate: every controller generates on all cores (threads = cores / controllers);
+  all wait for the slowest; the judge wakes (its weights reloaded if they were dropped)
+  and scores on every core while the controllers wait; its weights are dropped again;
+  training takes every core.
+- partial: controllers generate on the rollout cores while the judge serves on the
+  judge cores; each finished chunk of ``stream_groups`` prompt groups is scored at once
+  (a background thread sends it), so judging overlaps generation; training then takes
+  every core. The judge keeps its weights (on CPU an idle judge uses no core).
+- auto: one of the above per step, chosen by ``AutoPlacer`` from measured costs.
+
+Every mode scores the same samples with the same seeds: generation is seeded per prompt
+and the judge answers each sample on its own, so the rewards do not depend on the mode
+(tests/test_placement_modes.py). Only rank 0 talks to the judges; every decision is
+computed from all-reduced measurements, so all controllers take the same one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from mmyatt.placement import resources as res
+from mmyatt.placement.auto import AutoPlacer, Measure
+from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
+
+MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
+
+
+class Placement:
+    def __init__(self, cfg, dist, log=print):
+        p = cfg.placement
+        self.cfg, self.dist, self.mode = cfg, dist, p.mode
+        self.log = log if dist.is_main else (lambda *a, **k: None)
+        self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
+            cfg.reward.judge.model or cfg.reward.judge.urls
+        )
+        self.judges = None
+        if dist.is_main and self.has_judge and p.mode != "shared":
+            from mmyatt.placement.judges import JudgeControl
+
+            j = cfg.reward.judge
+            key = os.environ.get(j.api_key_env) if j.api_key_env else None
+            self.judges = JudgeControl(j.urls, api_key=key)
+        self.plan: CorePlan | None = plan_for(cfg)
+        self.auto = None
+        if p.mode == "auto":
+            cores = run_cores(p)
+            start = None
+            if len(cores) >= 2:
+                r, j = partial_split(p, len(cores))
+                start = next(
+                    c for c in candidate_plans(cfg) if c.mode == "partial" and len(c.rollout) == r
+                )
+                del j
+            self.auto = AutoPlacer(
+                candidate_plans(cfg),
+                has_judge=self.has_judge,
+                start_partial=start,
+                profile=p.profile_steps,
+                every=p.reevaluate_every,
+                drift_threshold=p.drift_threshold,
+            )
+        self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
+        self.predicted: float | None = None
+        self._in_step = False
+        self._acc: dict[str, float] = {}
+        self._peaks: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ step bookkeeping
+    def _begin_step(self) -> None:
+        self._in_step = True
+        self._acc = {"gen_s": 0.0, "reward_s": 0.0, "wait_s": 0.0, "chunks": 0.0}
+        self._peaks = {}
+        self._t0 = time.perf_counter()
+        self._cpu0 = res.cpu_seconds()
+        self._judge0 = self._judge_stats()
+        if self.auto is not None:
+            self.plan, line = self.auto.next_plan()
+            self.predicted = self.auto.predicted(self.plan)
+            if line:
+                self.log(f"[placement] {line}", flush=True)
+
+    def _judge_stats(self) -> dict[str, float]:
+        if self.judges is None:
+            return {}
+        return self.judges.stats()
+
+    def _phase_start(self, judge_too: bool = True) -> None:
+        if self.cfg.placement.log_memory:
+            res.reset_peak_rss()
+            if judge_too and self.judges is not None:
+                self.judges.reset_peak()
+
+    def _phase_end(self, name: str) -> None:
+        if not self.cfg.placement.log_memory:
+            return
+        peak = res.peak_rss_mb()
+        if self.judges is not None:
+            peak += self.judges.stats()["peak_rss_mb"]
+        self._peaks[name] = max(self._peaks.get(name, 0.0), peak)
+
+    def _place_judge(self, cores, threads) -> None:
+        if self.judges is not None and self.judge_plan != (tuple(cores), threads):
+            self.judges.place(cores, threads)
+            self.judge_plan = (tuple(cores), threads)
+
+    # ------------------------------------------------------------------ the modes
+    def generate_and_score(self, ctl, records, sampling, timer):
+        """Generate this rank's ``records`` and score them, as the mode says."""
+        if not self._in_step:
+            self._begin_step()
+        plan = self.plan
+        if plan is None:  # shared
+            t0 = time.perf_counter()
+            with timer("generate"):
+                r = ctl.generate(records, sampling)
+            self._acc["gen_s"] += time.perf_counter() - t0
+            with timer("reward"):
+                r = ctl.score(r)
+        elif plan.mode == "partial":
+            r = self._partial(ctl, records, sampling, timer, plan)
+        else:
+            r = self._colocate(ctl, records, sampling, timer, plan)
+        self._collect_end = time.perf_counter()
+        return r
+
+    def _colocate(self, ctl, records, sampling, timer, plan: CorePlan):
+        P = self.dist.world_size
+        self._phase_start()
+        res.use_cores(plan.rollout, sharers=P)
+        t0 = time.perf_counter()
+        with timer("generate"):
+            r = ctl.generate(records, sampling)
+        self._acc["gen_s"] += time.perf_counter() - t0
+        with timer("wait"):  # the long tail: the judge phase starts when all have generated
+            t0 = time.perf_counter()
+            self.dist.barrier()
+            self._acc["wait_s"] += time.perf_counter() - t0
+        self._phase_end("generate")
+        self._phase_start()
+        if self.judges is not None:
+            self._place_judge(plan.judge, len(plan.judge))
+            if self.cfg.placement.release_judge:
+                with timer("judge_reload"):
+                    self.judges.wake()
+        t0 = time.perf_counter()
+        with timer("reward"):
+            r = ctl.score(r)
+        self.dist.barrier()  # every controller's requests answered: the judge phase ends
+        self._acc["reward_s"] += time.perf_counter() - t0
+        self._phase_end("judge")
+        if self.judges is not None and self.cfg.placement.release_judge:
+            self.judges.sleep()
+        self._phase_start()
+        res.use_cores(plan.train, sharers=P)
+        return r
+
+    def _partial(self, ctl, records, sampling, timer, plan: CorePlan):
+        P = self.dist.world_size
+        self._phase_start()
+        if self.judges is not None:
+            self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
+            self._place_judge(plan.judge, len(plan.judge))
+        res.use_cores(plan.rollout, sharers=P)
+        k = self.cfg.placement.stream_groups
+        chunks = [records[i : i + k] for i in range(0, len(records), k)]
+        futures, parts = [], []
+
+        def judge(rollout):
+            out = ctl.reward(rollout.outputs, rollout.records, rollout.prompt_ids)
+            return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge") as pool:
+            with timer("generate"):
+                for chunk in chunks:
+                    part = ctl.generate(chunk, sampling)
+                    parts.append(part)
+                    futures.append(pool.submit(judge, part))
+            self._acc["gen_s"] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            with timer("reward"):  # what is left of judging once generation is done
+                results, error = [], None
+                for f in futures:
+                    try:
+                        results.append(f.result())
+                    except Exception as e:  # noqa: BLE001 - agreed on below, then raised
+                        error = error or e
+            self._acc["reward_s"] += time.perf_counter() - t1
+        self._acc["chunks"] += len(chunks)
+        from mmyatt.rewards.judge_client import JudgeError
+
+        if error is not None and not isinstance(error, JudgeError):
+            raise error
+        ctl.agree_on_judge_error(error)
+        import torch
+
+        from mmyatt.rollout import Rollout
+
+        r = Rollout.concat(parts)
+        rewards = torch.cat([out[0] for out, _ in results])
+        names = results[0][0][1].keys()
+        scored = (rewards, {n: torch.cat([out[1][n] for out, _ in results]) for n in names})
+        verdicts = [v for _, vs in results for v in vs]
+        r = ctl.score(r, scored=scored)
+        if verdicts and hasattr(r, "verdicts"):
+            r.verdicts = verdicts
+        self._phase_end("generate")
+        self._phase_start(judge_too=True)
+        res.use_cores(plan.train, sharers=P)
+        return r
+
+    def end_step(self) -> dict:
+        """Metrics of the step that just ended: placement/* (mode, split, phase times,
+        per-role idle fractions, CPU use, per-phase peak RSS; auto's prediction)."""
+        if not self._in_step:
+            return {}
+        self._in_step = False
+        end = time.perf_counter()
+        step_s = end - self._t0
+        train_s = end - self._collect_end  # advantages, log-probs, update: every core
+        if self.plan is not None:
+            self._phase_end("train")
+        j1 = self._judge_stats()
+        jd = {k: j1.get(k, 0.0) - self._judge0.get(k, 0.0) for k in j1}
+        W = self.dist.world_size
+        local = {
+            "cpu_s": res.cpu_seconds() - self._cpu0,
+            "judge_cpu_s": jd.get("cpu_s", 0.0),
+            "judge_busy_s": jd.get("model_time_s", 0.0),
+            "reload_s": jd.get("reload_s", 0.0),
+            "gen_s": self._acc["gen_s"],
+            "train_s": train_s,
+            "chunks": self._acc["chunks"],
+        }
+        for name, v in self._peaks.items():
+            local[f"peak_{name}"] = v
+        local = {k: local.get(k, 0.0) for k in sorted(set(local) | set(self._peak_keys()))}
+        total = self.dist.sum_many(local)
+        mx = {
+            k: max(_gather(self.dist, v))
+            for k, v in (
+                ("step", step_s),
+                ("gen", self._acc["gen_s"]),
+                ("train", train_s),
+                ("collect", self._collect_end - self._t0),
+            )
+        }
+        cores = len(run_cores(self.cfg.placement)) if self.mode != "shared" else os.cpu_count()
+        step = mx["step"]
+        plan = self.plan
+        out = {
+            "placement/mode": plan.mode if plan else "shared",
+            "placement/mode_id": float(MODE_IDS[plan.mode if plan else "shared"]),
+            "placement/split": plan.split if plan else "shared",
+            "placement/actual_step_s": step,
+            "placement/gen_s": mx["gen"],
+            "placement/train_s": mx["train"],
+            "placement/judge_busy_s": total["judge_busy_s"],
+            "placement/judge_reload_s": total["reload_s"],
+            "placement/idle_frac_rollout": 1.0 - total["gen_s"] / W / step,
+            "placement/idle_frac_train": 1.0 - total["train_s"] / W / step,
+            "placement/cpu_util": (total["cpu_s"] + total["judge_cpu_s"]) / (cores * step),
+        }
+        out["placement/idle_frac_cores"] = 1.0 - out["placement/cpu_util"]
+        if self.has_judge:
+            n = max(1, self.cfg.reward.judge.num_servers)
+            out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
+        peaks = {k[5:]: v for k, v in total.items() if k.startswith("peak_") and v > 0}
+        for name, v in peaks.items():
+            out[f"placement/peak_rss_mb_{name}"] = v
+        if peaks:
+            out["placement/peak_rss_mb"] = max(peaks.values())
+        if self.auto is not None:
+            if self.predicted is not None:
+                out["placement/predicted_step_s"] = self.predicted
+            m = Measure(
+                mode=plan.mode,
+                rollout_cores=len(plan.rollout),
+                judge_cores=len(plan.judge),
+                gen_s=mx["gen"],
+                judge_s=total["judge_busy_s"],
+                reload_s=total["reload_s"],
+                train_s=mx["train"],
+                collect_s=mx["collect"],
+                step_s=step,
+                chunks=int(total["chunks"] / W),
+            )
+            self.auto.observe(m)
+        return out
+
+    def _peak_keys(self) -> list[str]:
+        if not self.cfg.placement.log_memory or self.mode == "shared":
+            return []
+        return ["peak_generate", "peak_judge", "peak_train"]
+
+
+def _gather(dist, value: float) -> list[float]:
+    """``value`` of every controller (a one-hot all-reduce, as ``Dist.gather_ints``)."""
+    import torch
+
+    t = torch.zeros(dist.world_size, dtype=torch.float64)
+    t[dist.rank] = value
+    return dist.sum(t).tolist()
