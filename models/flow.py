@@ -450,6 +450,7 @@ class FlowPolicy:
         # False: rollouts return the final samples (latents) as outputs and skip the VAE
         # decode, for rewards that read latents (rewards/image.py reads_latents)
         self.decode_outputs = True
+        self.shared_group_noise = True  # one initial noise per group (see generate)
         if lora is not None:
             self._add_lora(lora)
 
@@ -854,9 +855,11 @@ class FlowPolicy:
         gens = [seeded_generator(s, dev) for s in seeds]
         # One initial noise per prompt, shared by its group (flow_grpo same_latent): the
         # group's samples then differ only by the SDE noise, which sharpens advantages.
+        # shared_group_noise=False draws one per sample (ODE rollouts: DiffusionNFT).
+        draws = 1 if self.shared_group_noise else group_size
         x = torch.cat(
             [
-                torch.randn((1, *shape), generator=gen, device=dev).expand(group_size, *shape)
+                torch.randn((draws, *shape), generator=gen, device=dev).expand(group_size, *shape)
                 for gen in gens
             ]
         )

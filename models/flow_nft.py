@@ -63,13 +63,16 @@ class FlowNFT:
     @contextlib.contextmanager
     def sampling(self):
         """Sample with the old policy: the policy's transformer is swapped for the old copy
-        inside the block (rollouts run without grad)."""
-        current = self.policy.transformer
-        self.policy.transformer = self.old
+        inside the block (rollouts run without grad), and every sample draws its own
+        initial noise (with a deterministic sampler, a group sharing one noise would be G
+        copies of one image)."""
+        p = self.policy
+        current, shared = p.transformer, getattr(p, "shared_group_noise", True)
+        p.transformer, p.shared_group_noise = self.old, False
         try:
-            yield self.policy
+            yield p
         finally:
-            self.policy.transformer = current
+            p.transformer, p.shared_group_noise = current, shared
 
     @torch.no_grad()
     def update_old(self, step: int) -> float:

@@ -154,13 +154,16 @@ def test_flow_nft_rollout_loss_and_gradient():
 def test_flow_nft_old_policy_samples_and_trails():
     policy = _policy()
     trainer = FlowNFT(policy, NFTSettings(decay_rate=0.25, decay_max=0.5), seed=0)
-    before = _ode_rollout(policy).context["x0"]
+    with trainer.sampling():
+        before = _ode_rollout(policy).context["x0"]
     with torch.no_grad():
         for p in policy.module().parameters():
             p.add_(0.01)
     with trainer.sampling():
         assert torch.equal(_ode_rollout(policy).context["x0"], before)  # old weights sample
+    policy.shared_group_noise = False  # the same noise, the current weights: other images
     assert not torch.equal(_ode_rollout(policy).context["x0"], before)
+    policy.shared_group_noise = True
     cur = {n: p.detach().clone() for n, p in policy.module().named_parameters()}
     old = {n: p.detach().clone() for n, p in trainer.old.named_parameters()}
     assert trainer.update_old(step=1) == 0.25
@@ -224,6 +227,9 @@ def test_nft_controller_step_with_a_latent_reward_skips_the_decode(tmp_path, mon
     before = {n: p.detach().clone() for n, p in policy.module().named_parameters()}
     m1 = ctl.step()
     assert calls == []  # the rollout never decoded its samples
+    x0 = ctl.last_rollout.context["x0"]
+    assert not torch.equal(x0[0], x0[1])  # ODE samples of a group: each its own noise
+    assert policy.shared_group_noise is True  # restored after the rollout
     assert ctl.last_rollout.num_actions == 0  # NFT: no transitions, no log-probs
     assert all(o.shape == policy.sample_shape for o in ctl.last_rollout.outputs)
     assert m1["train/optimizer_steps"] == 1.0 and m1["nft/old_decay"] == 0.25
