@@ -18,6 +18,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from mmyatt.protocols import CLOSED_FORM_KL
+
 Reduce = Callable[[Tensor], Tensor]
 
 # Log-ratios are clamped to this range before exp: exp(20) ~ 4.9e8 is finite in fp32/bf16,
@@ -392,8 +394,8 @@ _KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # Closed-form KL of Gaussian transitions with a shared std (flow models): computed by the
-# adapter from the policy's and the reference's transition means, not from log-probs.
-CLOSED_FORM_KL = ("closed_form", "closed_form_flowgrpo")
+# adapter from the policy's and the reference's transition means, not from log-probs
+# (``ClosedFormKL.logprobs_with_kl``; the math is ``mmyatt.models.flow_sde.kl_closed_form``).
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
@@ -408,49 +410,6 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
             f"unknown KL estimator {estimator!r}; choose from {sorted(_KL_ESTIMATORS)}"
         )
     return _KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
-
-
-def within_blocks(x: Tensor, block: int) -> Tensor:
-    """``x`` minus its mean over each ``block`` x ``block`` tile of the last two (spatial)
-    dimensions: the component of an image (or of every frame) that varies inside the
-    tiles. Block averaging is an orthogonal projection, so this is too.
-
-    >>> within_blocks(torch.arange(4.0).reshape(1, 2, 2), 2).tolist()
-    [[[-1.5, -0.5], [0.5, 1.5]]]
-    """
-    h, w = x.shape[-2:]
-    if block < 1 or h % block or w % block:
-        raise ValueError(f"block {block} must divide the spatial size {h}x{w}")
-    flat = x.reshape(-1, 1, h, w)
-    avg = torch.nn.functional.avg_pool2d(flat, block)
-    up = avg.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)
-    return (flat - up).reshape(x.shape)
-
-
-def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor, block: int = 0) -> Tensor:
-    """KL(N(mean, std^2 I) || N(ref_mean, std^2 I)) per row, averaged over elements.
-
-    ``block`` > 0: the KL of the steps' components within ``block`` x ``block`` spatial
-    tiles only (:func:`within_blocks` of mean - ref_mean; the same Gaussians projected
-    on that subspace). Changes of the tile means (composition, colour, shape) are then
-    free, while texture inside the tiles (a patch transformer's grid pattern) is held to
-    the reference.
-
-    For two Gaussians with the same std the KL is sum((mean - ref_mean)^2) / (2 std^2);
-    it is divided by the element count here, matching the per-element mean of the flow
-    log-probs (and Flow-GRPO's KL term). mean, ref_mean: (B, ...); std: (B,) or a float.
-    Rows with std == 0 get 0: deterministic steps (masked out anyway) and CPS's last step
-    into sigma = 0, whose exact KL is unbounded. Gradient flows through ``mean`` only.
-    """
-    if mean.shape != ref_mean.shape:
-        raise ValueError(f"mean {tuple(mean.shape)} vs ref_mean {tuple(ref_mean.shape)}")
-    diff = mean.float() - ref_mean.detach().float()
-    if block:
-        diff = within_blocks(diff, block)
-    sq = diff.square().reshape(diff.shape[0], -1).mean(dim=1)
-    std = torch.as_tensor(std, dtype=torch.float32, device=sq.device).expand(sq.shape[0])
-    var = std.square()
-    return torch.where(var > 0, sq / (2.0 * torch.where(var > 0, var, 1.0)), torch.zeros_like(sq))
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -529,3 +488,69 @@ def overlong_filter_mask(mask: Tensor, truncated: Tensor) -> Tensor:
     answer, so it is left out of the loss.
     """
     return torch.where(truncated.unsqueeze(-1), torch.zeros_like(mask), mask)
+
+
+# --- flow models: which denoising steps are stochastic and trained ----------------------
+
+_MODES = ("all", "fraction", "window", "sliding")
+
+
+def train_step_schedule(
+    num_steps: int,
+    *,
+    mode: str = "all",
+    fraction: float = 1.0,
+    window: int = 2,
+    window_start: int = 0,
+    step: int = 0,
+    slide_every: int = 1,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Which denoising steps are stochastic (SDE) and which are trained.
+
+    Steps are indexed 0..num_steps-1 from high noise to low noise. Returns
+    ``(sde_steps, train_steps)``, sorted tuples, train_steps a subset of sde_steps; the
+    engine copies them into ``Sampling.sde_steps`` / ``Sampling.train_steps``.
+
+    * ``"all"``: every step is SDE and trained (Flow-GRPO).
+    * ``"fraction"``: every step is SDE; the first int(num_steps * fraction) are trained
+      (flow_grpo ``timestep_fraction``: 0.99 of 10 steps trains steps 0-8).
+    * ``"window"``: SDE and training only in [window_start, window_start + window), ODE
+      elsewhere (Flow-GRPO-Fast).
+    * ``"sliding"``: MixGRPO. Like "window", but the start moves one step toward low noise
+      every ``slide_every`` training steps (``step`` is the engine's training step), and
+      wraps around to step 0 after the last position num_steps - window.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    everything = tuple(range(num_steps))
+    if mode == "all":
+        return everything, everything
+    if mode == "fraction":
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        n = int(num_steps * fraction)
+        if n < 1:
+            raise ValueError(
+                f"fraction {fraction} of {num_steps} steps trains no step; raise it to "
+                f">= {1.0 / num_steps:.4g}"
+            )
+        return everything, everything[:n]
+    if not 1 <= window <= num_steps:
+        raise ValueError(f"window must be in [1, num_steps={num_steps}], got {window}")
+    positions = num_steps - window + 1  # valid window starts: 0..num_steps-window
+    if not 0 <= window_start < positions:
+        raise ValueError(
+            f"window_start must be in [0, {positions - 1}] for window {window} of "
+            f"{num_steps} steps, got {window_start}"
+        )
+    start = window_start
+    if mode == "sliding":
+        if slide_every < 1:
+            raise ValueError(f"slide_every must be >= 1, got {slide_every}")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        start = (window_start + step // slide_every) % positions
+    steps = tuple(range(start, start + window))
+    return steps, steps

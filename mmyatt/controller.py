@@ -30,8 +30,7 @@ from mmyatt import algorithms as alg
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.metrics import MetricsLogger, PhaseTimer
-from mmyatt.models.flow_sde import train_step_schedule
-from mmyatt.models.protocol import Sampling, prompt_seed
+from mmyatt.protocols import EMA, ClosedFormKL, ReferenceKL, Sampling, prompt_seed, require
 from mmyatt.rollout import Rollout
 
 
@@ -68,12 +67,12 @@ class Controller:
         from mmyatt.placement.runner import Placement
 
         self.placement = Placement(cfg, dist)  # which cores each phase runs on (placement.*)
+        if cfg.model.ema_decay is not None:
+            require(policy, EMA, f"model.ema_decay={cfg.model.ema_decay}")
         if cfg.algorithm.kl_coef > 0:
-            if self._closed_form_kl and not hasattr(policy, "logprobs_with_kl"):
-                raise TypeError(
-                    f"algorithm.kl_estimator={cfg.algorithm.kl_estimator} needs a policy with "
-                    f"logprobs_with_kl (the flow adapter); {type(policy).__name__} has none"
-                )
+            a = cfg.algorithm
+            why = f"algorithm.kl_coef={a.kl_coef} with kl_estimator={a.kl_estimator}"
+            require(policy, ClosedFormKL if self._closed_form_kl else ReferenceKL, why)
             policy.enable_reference()
         if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
             if not hasattr(policy, "decode_outputs"):
@@ -136,44 +135,53 @@ class Controller:
         a = self.cfg.algorithm
         target = self.cfg.data.prompts_per_step
         kept: list[Rollout] = []
-        local_groups = dropped = rounds = 0
-        gen_sum = gen_n = 0.0
+        candidate_groups = dropped_groups = rounds = 0
+        reward_sum = samples_scored = 0.0
         while True:
             records = self.shard.next_batch(self.local_prompts)
-            self.consumed += [r["_index"] for r in records]
+            self.consumed += [rec["_index"] for rec in records]
             # generate, then score (how: placement.mode; partial streams groups to the judge)
-            r = self.placement.generate_and_score(self, records, self.train_sampling(), timer)
-            r_any = r
-            gen_sum += float(r.rewards.sum())
-            gen_n += len(r)
+            scored = self.placement.generate_and_score(self, records, self.train_sampling(), timer)
+            last_scored = scored  # gives an empty rollout its shapes if no group is kept
+            reward_sum += float(scored.rewards.sum())
+            samples_scored += len(scored)
+            survivors: Rollout | None = scored
             if a.dynamic_sampling:
-                r, n_drop = self.drop_zero_variance_groups(r)
-                dropped += n_drop
-            if r is not None:
-                kept.append(r)
-                local_groups += len(r.group_slices())
-            global_groups = int(self.dist.sum(local_groups).item())
+                survivors, n_drop = self.drop_zero_variance_groups(scored)
+                dropped_groups += n_drop
+            if survivors is not None:
+                kept.append(survivors)
+                candidate_groups += len(survivors.group_slices())
+            global_groups = int(self.dist.sum(candidate_groups).item())
             if not a.dynamic_sampling or global_groups >= target or rounds >= a.max_refill_rounds:
                 break
             rounds += 1
-        quota = alg.allocate_quota(self.dist.gather_ints(local_groups), target)[self.dist.rank]
+        counts = self.dist.gather_ints(candidate_groups)
+        quota = alg.allocate_quota(counts, target)[self.dist.rank]
         # a rank may keep no group while others do: it still takes part in every collective
         # of the step, with an empty (N = 0) rollout of the right shapes
-        rollout = self._first_groups(kept or [r_any], quota)
-        g = self.dist.sum_many(
-            {"kept": quota, "dropped": dropped, "gen": local_groups, "rsum": gen_sum, "rn": gen_n}
+        rollout = self._first_groups(kept or [last_scored], quota)
+        total = self.dist.sum_many(
+            {
+                "kept_groups": quota,
+                "dropped_groups": dropped_groups,
+                "candidate_groups": candidate_groups,
+                "reward_sum": reward_sum,
+                "samples_scored": samples_scored,
+            }
         )
         # every generated sample, before dynamic-sampling filters: the learning curve
         dyn = {
-            "reward/generated_mean": g["rsum"] / max(g["rn"], 1.0),
+            "reward/generated_mean": total["reward_sum"] / max(total["samples_scored"], 1.0),
             "dynamic/refill_rounds": float(rounds),
         }
         if a.dynamic_sampling:
             dyn.update(
                 {
-                    "dynamic/kept_groups": g["kept"],
-                    "dynamic/dropped_groups": g["dropped"],
-                    "dynamic/discarded_groups": g["gen"] - g["kept"],
+                    "dynamic/kept_groups": total["kept_groups"],
+                    "dynamic/dropped_groups": total["dropped_groups"],
+                    # candidates beyond the quota (refill overshoot)
+                    "dynamic/discarded_groups": total["candidate_groups"] - total["kept_groups"],
                 }
             )
         if int(self.dist.sum(quota).item()) == 0:
@@ -333,7 +341,7 @@ class Controller:
             return None
         self.optimizer.step()
         self.scheduler.step()
-        if self.cfg.model.ema_decay is not None:
+        if isinstance(self.policy, EMA) and self.cfg.model.ema_decay is not None:
             self.policy.ema_update(self.cfg.model.ema_decay)
         tok = max(g["tokens"], 1.0)
         out = {"train/loss": g["num"] / g["den"], "train/grad_norm": float(grad_norm)}
@@ -374,7 +382,7 @@ class Controller:
         """State identical on every controller: weights, optimizer, schedule, step, counters."""
         from mmyatt.checkpoint import optimizer_state, scheduler_state
 
-        ema = self.policy.ema_state() if hasattr(self.policy, "ema_state") else None
+        ema = self.policy.ema_state() if isinstance(self.policy, EMA) else None
         return {
             "model": self.policy.module().state_dict(),
             "optimizer": optimizer_state(self.optimizer),
@@ -400,6 +408,7 @@ class Controller:
         self.step_count = int(shared["step"])
         self.counters.update(shared["counters"])
         if shared.get("ema") is not None:
+            require(self.policy, EMA, "a checkpoint with EMA weights")
             self.policy.load_ema_state(shared["ema"])
         if self.nft is not None and shared.get("nft_old") is not None:
             self.nft.load_state_dict(shared["nft_old"])
@@ -436,7 +445,7 @@ class Controller:
         quality = {"background_hf": 0.0, "background_n": 0.0, "object_hf": 0.0, "object_n": 0.0}
         shown = []
         bs = 64
-        ema = self.cfg.model.ema_decay is not None
+        ema = isinstance(self.policy, EMA) and self.cfg.model.ema_decay is not None
         salt = "eval" if self.cfg.data.eval_split == "test" else "val"
         error = None
         with torch.no_grad(), self.policy.ema_weights() if ema else nullcontext():
@@ -530,7 +539,7 @@ class Controller:
 
     def train_sampling(self) -> Sampling:
         s = self.cfg.sampling
-        sde_steps, train_steps = train_step_schedule(
+        sde_steps, train_steps = alg.train_step_schedule(
             s.denoise_steps,
             mode=s.train_steps,
             fraction=s.train_fraction,

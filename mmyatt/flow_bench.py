@@ -21,7 +21,6 @@ import time
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.models.flow_sde import train_step_schedule
 from mmyatt.models.protocol import Sampling
 
 
@@ -70,7 +69,7 @@ def bench_flow_grpo(quick: bool = False) -> dict:
     _iteration(policy, opt, prompts[:1], 2, Sampling(denoise_steps=4), 0)  # warm-up
     for rep in range(reps):  # interleaved, so drift on a noisy machine hits every variant
         for name, (steps, mode) in variants.items():
-            sde, train = train_step_schedule(steps, mode=mode, window=2, window_start=0)
+            sde, train = alg.train_step_schedule(steps, mode=mode, window=2, window_start=0)
             s = Sampling(denoise_steps=steps, noise_level=0.7, sde_steps=sde, train_steps=train)
             times[name].append(_iteration(policy, opt, prompts, group, s, 100 * rep))
     n = len(prompts) * group

@@ -1030,10 +1030,11 @@ class FlowPolicy:
         s^2 for CPS), the exact per-element KL; ``"closed_form_flowgrpo"`` divides by
         s^2 without the step length |Delta|, as flow_grpo's loss does (so its beta values
         carry over); for CPS both are the same. ``block`` > 0 keeps only the components
-        that vary within ``block`` x ``block`` spatial tiles (``algorithms.kl_closed_form``).
+        that vary within ``block`` x ``block`` spatial tiles (``flow_sde.kl_closed_form``).
         Needs ``attach_reference_means`` first.
         """
-        from mmyatt.algorithms import CLOSED_FORM_KL, kl_closed_form
+        from mmyatt.models.flow_sde import kl_closed_form
+        from mmyatt.protocols import CLOSED_FORM_KL
 
         if estimator not in CLOSED_FORM_KL:
             raise ValueError(f"estimator must be one of {CLOSED_FORM_KL}, got {estimator!r}")

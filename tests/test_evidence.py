@@ -11,10 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mmyatt.algorithms import kl_closed_form, within_blocks
 from mmyatt.builders import freeze_parameters
 from mmyatt.datasets import vision_tasks as vt
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, draw_shape, is_heldout
+from mmyatt.models.flow_sde import kl_closed_form, within_blocks
 from mmyatt.rewards.quality import texture, texture_metrics
 from mmyatt.run import print_summary
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_flow_policy import LORA, PROMPTS, _bump_lora, _policy
 
-from mmyatt.algorithms import kl_closed_form, kl_penalty
+from mmyatt.algorithms import kl_penalty
 from mmyatt.config import ConfigError, load_config
-from mmyatt.models.flow_sde import sde_step
+from mmyatt.models.flow_sde import kl_closed_form, sde_step
 from mmyatt.models.protocol import Sampling
 
 torch.set_num_threads(1)

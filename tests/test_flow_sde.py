@@ -7,13 +7,8 @@ import math
 import pytest
 import torch
 
-from mmyatt.models.flow_sde import (
-    cps_step,
-    euler_step,
-    flow_sigmas,
-    sde_step,
-    train_step_schedule,
-)
+from mmyatt.algorithms import train_step_schedule
+from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, sde_step
 
 torch.set_num_threads(1)
 
