@@ -127,8 +127,9 @@ def _ode_rollout(policy, seeds=(3, 4)):
     return r
 
 
-def test_flow_nft_rollout_loss_and_gradient():
-    policy = _policy()
+@pytest.mark.parametrize("kind", ["sd3-image", "flux-image", "wan-video"])
+def test_flow_nft_rollout_loss_and_gradient(kind):
+    policy = _policy(kind)
     r = _ode_rollout(policy)
     assert r.num_actions == 0 and r.logprobs.shape == (6, 0)  # no transition, no log-prob
     assert r.context["x0"].shape == (6, *policy.sample_shape)
