@@ -296,7 +296,9 @@ def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) 
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
     out = []
     for i, rec in enumerate(base):
-        positive = i % 2 == 0
+        # alternate within images and within clips (clips are every 4th record at the
+        # default fraction, so a plain i % 2 would make every clip a negative)
+        positive = (i // 4 + i) % 2 == 0
         if positive:
             answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
         else:

@@ -125,3 +125,11 @@ def test_genrm_sends_image_or_clip_frames():
     assert reward.tolist() == pytest.approx([1 / (1 + np.exp(-2.3))] * 2, abs=1e-6)
     with pytest.raises(ValueError, match="no 'media'"):
         g(["x"], [{"prompt": "q"}])
+
+
+def test_judge_records_balance_images_and_clips():
+    recs = d.judge_records(160, seed=2)
+    for task in ("describe_image", "describe_video"):
+        sub = [r for r in recs if r["task"] == task]
+        yes = sum(r["answer"] == "Yes" for r in sub)
+        assert abs(yes - len(sub) / 2) <= 1, (task, yes, len(sub))
