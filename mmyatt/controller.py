@@ -52,7 +52,11 @@ class Controller:
         self.eval_records = eval_records
         self.logger = logger or MetricsLogger(run_dir, enabled=dist.is_main)
         self.local_prompts = cfg.data.prompts_per_step // dist.world_size
-        params = [p for p in policy.module().parameters() if p.requires_grad]
+        from mmyatt.engines import build_engines
+
+        # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
+        self.engine, self.policy = build_engines(cfg, dist, policy)
+        params = [p for p in self.policy.module().parameters() if p.requires_grad]
         self.params = params
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -73,7 +77,7 @@ class Controller:
             a = cfg.algorithm
             why = f"algorithm.kl_coef={a.kl_coef} with kl_estimator={a.kl_estimator}"
             require(policy, ClosedFormKL if self._closed_form_kl else ReferenceKL, why)
-            policy.enable_reference()
+            self.engine.enable_reference(policy)
         if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
             if not hasattr(policy, "decode_outputs"):
                 raise TypeError(
@@ -255,6 +259,8 @@ class Controller:
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
+        if len(r) == 0 and self.engine.lockstep:  # sharded forwards: every rank joins them
+            self.engine.idle_logprob_passes(self.policy, a, self._closed_form_kl)
         if len(r) == 0 or self.nft is not None:  # NFT: no log-probs, its KL is on velocities
             return r
         with torch.no_grad():
@@ -316,6 +322,8 @@ class Controller:
                 clip_high=a.clip_high,
                 dual_clip=a.dual_clip,
             )
+            if "is_weight" in mb.context:  # truncated IS, rollout engine vs trainer (vllm)
+                loss_mat = loss_mat * mb.context["is_weight"].to(dev)
             if a.kl_coef > 0:
                 if not self._closed_form_kl:
                     kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
@@ -329,13 +337,14 @@ class Controller:
             local["entropy"] = float(alg.masked_mean(ent.detach(), mask)) * ntok
             for k in ("clip_frac", "ratio_mean", "approx_kl"):
                 local[k] = float(m[k]) * ntok
+        if num is None and self.engine.lockstep:  # sharded backward: every rank joins it
+            num = self.engine.zero_weight_loss(self.policy)
         g = self.dist.sum_many(local)
         if g["den"] <= 0:
             return {}
         if num is not None:
             (num / g["den"]).backward()
-        self.dist.sum_grads(self.params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        grad_norm = self.engine.reduce_and_clip(self.params, self.cfg.optim.grad_clip)
         if self.dist.any(not (math.isfinite(g["num"]) and torch.isfinite(grad_norm))):
             self.optimizer.zero_grad(set_to_none=True)  # never apply a NaN/inf update
             return None
@@ -380,12 +389,12 @@ class Controller:
     # ------------------------------------------------------------------ run state
     def shared_state(self) -> dict:
         """State identical on every controller: weights, optimizer, schedule, step, counters."""
-        from mmyatt.checkpoint import optimizer_state, scheduler_state
+        from mmyatt.checkpoint import scheduler_state
 
         ema = self.policy.ema_state() if isinstance(self.policy, EMA) else None
         return {
-            "model": self.policy.module().state_dict(),
-            "optimizer": optimizer_state(self.optimizer),
+            "model": self.engine.model_state(self.policy),
+            "optimizer": self.engine.optimizer_state(self.policy, self.optimizer),
             "scheduler": scheduler_state(self.scheduler),
             "step": self.step_count,
             "counters": dict(self.counters),
@@ -400,10 +409,10 @@ class Controller:
         return {"cursor": self.shard.state_dict(), "rng": rng_state()}
 
     def load_state(self, shared: dict, local: dict) -> int:
-        from mmyatt.checkpoint import load_optimizer_state, load_scheduler_state, set_rng_state
+        from mmyatt.checkpoint import load_scheduler_state, set_rng_state
 
-        self.policy.module().load_state_dict(shared["model"])
-        load_optimizer_state(self.optimizer, shared["optimizer"])
+        self.engine.load_model_state(self.policy, shared["model"])
+        self.engine.load_optimizer_state(self.policy, self.optimizer, shared["optimizer"])
         load_scheduler_state(self.scheduler, shared["scheduler"])
         self.step_count = int(shared["step"])
         self.counters.update(shared["counters"])
@@ -535,6 +544,8 @@ class Controller:
             "rollout/tokens": g["len"],
         }
         out.update({f"reward/{k[5:]}": v / n for k, v in g.items() if k.startswith("part/")})
+        if hasattr(self.policy, "rollout_stats"):  # vLLM rollouts: TIS, weight sync, sleep
+            out.update(self.policy.rollout_stats(r))
         return out
 
     def train_sampling(self) -> Sampling:

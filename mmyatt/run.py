@@ -308,8 +308,9 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
                 f"len {m.get('response_length/mean', float('nan')):.1f}"
             )
         terminate = dist.any(stop_signal.received)
-        if c.export_every and step % c.export_every == 0 and dist.is_main:
-            ctl.policy.save(str(ctl.run_dir / "checkpoints" / f"export_step_{step:08d}"))
+        if c.export_every and step % c.export_every == 0:  # all ranks: FSDP gathers weights
+            export = ctl.run_dir / "checkpoints" / f"export_step_{step:08d}"
+            ctl.engine.export(ctl.policy, str(export))
         if (c.save_every and step % c.save_every == 0) or terminate:
             ck.save(step, ctl.shared_state(), ctl.local_state())
         if terminate:
@@ -346,10 +347,9 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     }
     log.log(step, {**ev, **mem, **done, "train/minutes": (time.perf_counter() - start) / 60})
     say(f"[eval] step {step}: " + fmt(ev), flush=True)
-    if dist.is_main:
-        out = ctl.run_dir / "checkpoints" / "final"
-        ctl.policy.save(str(out))
-        say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
+    out = ctl.run_dir / "checkpoints" / "final"
+    ctl.engine.export(ctl.policy, str(out))  # all ranks: FSDP gathers the weights, rank 0 writes
+    say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
     log.close()
     dist.barrier()
 

@@ -1,0 +1,262 @@
+"""Engines behind the adapters: who trains (replica, FSDP2, Megatron-core) and who
+generates (the adapter itself, or vLLM).
+
+The controller talks to a training engine through a handful of calls and never
+branches on the backend:
+
+``wrap(policy)``                 shard / convert the policy's module; returns the policy the
+                                 controller uses from then on
+``reduce_and_clip(params, c)``   make gradients global (sum over controllers), clip their
+                                 global norm to ``c``; returns that norm (a float tensor)
+``rollout_weights(policy)``      context in which the policy may run any number of forwards
+                                 on this rank alone (generation, evaluation)
+``lockstep``                     every forward/backward is a collective: a rank without
+                                 samples still runs a zero-weight pass
+``model_state`` / ``load_model_state`` / ``optimizer_state`` / ``load_optimizer_state``
+                                 full (unsharded) states for the run checkpoint
+``export(policy, path)``         Hugging Face layout, written by rank 0 (all ranks call)
+
+Optional backends (megatron-core, vllm) are imported only when a config asks for them;
+``check_engines`` runs inside config validation, so a run that asks for a missing one
+stops before anything starts and says what to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import nullcontext
+
+import torch
+
+INSTALL = {
+    "megatron": ("megatron.core", "pip install 'mmyatt[megatron]'  (megatron-core>=0.16)"),
+    "vllm": ("vllm", "pip install 'mmyatt[vllm]'  (vllm on CUDA; see docs/engines.md for CPU)"),
+}
+
+
+class MissingEngineError(RuntimeError):
+    """A config asks for an engine whose package is not installed."""
+
+
+def available(name: str) -> bool:
+    module = INSTALL[name][0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(name: str, key: str) -> None:
+    """Raise ``MissingEngineError`` naming the config key and the install command."""
+    if not available(name):
+        module, cmd = INSTALL[name]
+        raise MissingEngineError(
+            f"{key} needs the Python package {module.split('.')[0]!r}, which is not installed "
+            f"in this environment; install it with: {cmd}"
+        )
+
+
+def check_engines(cfg) -> None:
+    """Config checks for the engine settings (called by ``mmyatt.config.validate``)."""
+    from mmyatt.config import ConfigError
+
+    t, r, j = cfg.train, cfg.rollout, cfg.reward.judge
+    if t.backend == "megatron":
+        if cfg.model.kind != "text":
+            raise ConfigError(
+                f"train.backend=megatron trains text LLMs (megatron-core GPTModel), not "
+                f"model.kind={cfg.model.kind}; use train.backend=fsdp2"
+            )
+        if t.tensor_parallel != 1:
+            raise ConfigError(
+                "train.tensor_parallel > 1 inside `mmyatt train` is not implemented (issue 17: "
+                "a tensor-parallel group would be one controller; the controller loop shards "
+                "data per rank). mmyatt.engines.megatron runs TP>1 directly (see its tests)"
+            )
+        _require(cfg, "megatron", "train.backend=megatron")
+    if t.backend == "fsdp2" and cfg.model.ema_decay is not None:
+        raise ConfigError(
+            "model.ema_decay with train.backend=fsdp2 is not implemented (issue 17: the EMA "
+            "copy would have to be sharded like the weights); use train.backend=replica"
+        )
+    if t.backend == "fsdp2" and cfg.algorithm.name != "grpo":
+        raise ConfigError(
+            f"algorithm.name={cfg.algorithm.name} with train.backend=fsdp2 is not implemented "
+            "(issue 17: its sampling-policy copy is not sharded); use train.backend=replica"
+        )
+    if t.backend != "fsdp2" and (
+        t.mixed_precision != "none" or t.cpu_offload or t.activation_checkpointing
+    ):
+        raise ConfigError(
+            "train.mixed_precision / cpu_offload / activation_checkpointing are FSDP2 options; "
+            f"set train.backend=fsdp2 (got {t.backend})"
+        )
+    if r.backend == "vllm":
+        if cfg.model.kind not in ("text", "vlm"):
+            raise ConfigError(
+                f"rollout.backend=vllm generates text (text and VLM policies), not "
+                f"model.kind={cfg.model.kind}; use rollout.backend=hf"
+            )
+        if r.is_cap < 0 or not 0 < r.gpu_memory_utilization <= 1:
+            raise ConfigError("rollout.is_cap must be >= 0, gpu_memory_utilization in (0, 1]")
+        _require(cfg, "vllm", "rollout.backend=vllm")
+    if j.backend == "vllm" and j.model is not None:
+        import shutil
+
+        if shutil.which("vllm") is None and not available("vllm"):
+            raise ConfigError(
+                "reward.judge.backend=vllm starts `vllm serve`, which is not installed; "
+                f"install it with: {INSTALL['vllm'][1]}"
+            )
+
+
+def _require(cfg, name: str, key: str) -> None:
+    from mmyatt.config import ConfigError
+
+    try:
+        require(name, key)
+    except MissingEngineError as e:
+        raise ConfigError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- replica
+class ReplicaEngine:
+    """A full copy of the policy on every controller; gradients summed in one flat
+    all-reduce (``Dist.sum_grads``). The default, and the reference the others match."""
+
+    name = "replica"
+    lockstep = False
+
+    def __init__(self, dist):
+        self.dist = dist
+
+    def wrap(self, policy):
+        return policy
+
+    def enable_reference(self, policy) -> None:
+        policy.enable_reference()
+
+    def reduce_and_clip(self, params, max_norm: float) -> torch.Tensor:
+        self.dist.sum_grads(params)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def rollout_weights(self, policy):
+        return nullcontext()
+
+    def model_state(self, policy) -> dict:
+        return policy.module().state_dict()
+
+    def full_weights(self, policy) -> dict:
+        """Whole HF-named weights on every rank (for a rollout engine's weight sync)."""
+        return policy.module().state_dict()
+
+    def load_model_state(self, policy, state: dict) -> None:
+        policy.module().load_state_dict(state)
+
+    def optimizer_state(self, policy, optimizer) -> dict:
+        from mmyatt.checkpoint import optimizer_state
+
+        return optimizer_state(optimizer)
+
+    def load_optimizer_state(self, policy, optimizer, state: dict) -> None:
+        from mmyatt.checkpoint import load_optimizer_state
+
+        load_optimizer_state(optimizer, state)
+
+    def export(self, policy, path: str) -> None:
+        if self.dist.is_main:
+            policy.save(str(path))
+
+
+class EnginePolicy:
+    """The policy as the controller sees it under a sharding engine: ``generate`` runs
+    inside ``engine.rollout_weights`` and remembers one sample (the filler a rank without
+    samples runs its zero-weight pass on); everything else is the adapter's own."""
+
+    def __init__(self, inner, engine):
+        self._inner, self._engine = inner, engine
+        self.filler = None
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    @property
+    def inner(self):
+        return self._inner
+
+    def generate(self, prompts, group_size, sampling, seeds):
+        with self._engine.rollout_weights(self._inner):
+            out = self._inner.generate(prompts, group_size, sampling, seeds)
+        if len(out):
+            self.filler = out.select([0])
+        return out
+
+
+class LockstepMixin:
+    """What engines whose forwards and backwards are collectives add to the controller's
+    step: a rank with no samples runs the same passes on a filler sample, weight 0."""
+
+    lockstep = True
+    reference_taken = False
+
+    def enable_reference(self, policy) -> None:
+        if not self.reference_taken:  # taken before sharding (see build_engines)
+            policy.enable_reference()
+            self.reference_taken = True
+
+    def _filler(self, policy):
+        filler = getattr(policy, "filler", None)
+        if filler is None:
+            raise RuntimeError(
+                "a controller without samples must still join the sharded forward/backward, "
+                "but it has generated nothing yet to run it on"
+            )
+        return filler
+
+    def zero_weight_loss(self, policy) -> torch.Tensor:
+        """A loss of exactly 0 whose backward runs every collective a real one does."""
+        lp = policy.logprobs(self._filler(policy))
+        return lp.sum() * 0.0
+
+    @torch.no_grad()
+    def idle_logprob_passes(self, policy, algorithm, closed_form_kl: bool) -> None:
+        """The forwards ``old_and_reference_logprobs`` makes, on the filler, results dropped."""
+        filler = self._filler(policy)
+        if algorithm.recompute_old_logprobs:
+            policy.logprobs(filler)
+        if closed_form_kl:
+            policy.attach_reference_means(filler.select([0]))
+        elif algorithm.kl_coef > 0:
+            policy.reference_logprobs(filler)
+
+
+def build_engines(cfg, dist, policy):
+    """``(engine, policy)``: the training engine for ``cfg.train.backend`` and the policy
+    the controller uses (sharded / converted, generating through ``cfg.rollout.backend``).
+    A frozen reference snapshot is taken here, before any sharding."""
+    engine = build_train_engine(cfg, dist)
+    if cfg.algorithm.kl_coef > 0 and engine.lockstep:
+        engine.enable_reference(policy)
+    wrapped = engine.wrap(policy)
+    if cfg.rollout.backend == "vllm":
+        from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
+
+        wrapped = VLLMRolloutPolicy(wrapped, engine, cfg.rollout, dist, model_path=cfg.model.path)
+    return engine, wrapped
+
+
+def build_train_engine(cfg, dist):
+    """The training engine ``cfg.train.backend`` names, for this controller."""
+    backend = cfg.train.backend
+    if backend == "replica":
+        return ReplicaEngine(dist)
+    if backend == "fsdp2":
+        from mmyatt.engines.fsdp2 import FSDP2Engine
+
+        return FSDP2Engine(dist, cfg.train)
+    if backend == "megatron":
+        require("megatron", "train.backend=megatron")
+        from mmyatt.engines.megatron import MegatronEngine
+
+        return MegatronEngine(dist, cfg.train)
+    raise ValueError(f"train.backend={backend!r}: expected replica, fsdp2 or megatron")

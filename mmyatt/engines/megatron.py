@@ -1,0 +1,319 @@
+"""``train.backend: megatron``: megatron-core ``GPTModel`` training for text LLMs.
+
+The policy's Hugging Face model keeps generating (or vLLM does); training runs on a
+megatron-core ``GPTModel`` built from the same Qwen2/Llama config, its weights
+converted from the HF model (``megatron_convert``). After every optimizer step the
+trained weights are converted back into the HF model before the next generation, so
+samples always come from the weights being trained. Log-probs for the loss come from
+the Megatron model with exactly the adapter's conventions (tempered, banned ids at the
+lowest float, left padding masked).
+
+Tensor parallelism: ``build_gpt(cfg, tp)`` splits attention heads, MLP columns and the
+vocabulary over the tensor-parallel group (``initialize_model_parallel``), and logits
+are gathered to the full vocabulary. Inside ``mmyatt train`` each controller is one
+data-parallel rank with tensor parallel size 1; TP > 1 needs a controller to span a
+tensor-parallel group (not implemented, see ``check_engines``), while this module runs
+TP > 1 directly (tests/test_engines_megatron.py: TP=2 over two gloo processes).
+
+CPU: megatron-core targets CUDA; three shims make it run on the CPU over gloo: its
+global memory buffer allocates on ``torch.cuda.current_device()`` and its CUDA RNG
+tracker's ``fork()`` needs CUDA (``cpu_shims``: a CPU buffer, and megatron's own
+inference RNG tracker whose ``fork`` is a no-op; dropout is 0 in RL), and its RoPE
+moves frequencies to ``torch.cuda.current_device()`` in every forward
+(``cpu_current_device``, around forwards only). None of them applies when CUDA is there.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mmyatt.engines.megatron_convert import check_tp, hf_to_megatron, megatron_to_hf
+
+
+def cpu_shims() -> None:
+    """Let megatron-core's layers run on the CPU (see the module docstring)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    class CPUBuffer(GlobalMemoryBuffer):
+        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+            n = 1
+            for d in tensor_shape:
+                n *= d
+            key = (name, dtype)
+            if key not in self.buffer or self.buffer[key].numel() < n:
+                self.buffer[key] = torch.empty(n, dtype=dtype)
+            return self.buffer[key][:n].view(*tensor_shape)
+
+    parallel_state._GLOBAL_MEMORY_BUFFER = CPUBuffer()
+    random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+@contextmanager
+def cpu_current_device():
+    """While megatron-core runs a forward on a CPU-only torch: its RoPE (and a few
+    allocations) ask ``torch.cuda.current_device()`` for where to put tensors; answer
+    the CPU instead of failing. Does nothing when CUDA is available."""
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = original
+
+
+def init_parallel(tp: int = 1) -> None:
+    """megatron-core's model-parallel groups over the running process group (one
+    started here when none is: a lone process)."""
+    import torch.distributed as tdist
+    from megatron.core import parallel_state
+
+    if not tdist.is_initialized():
+        from mmyatt.distributed import free_port
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        tdist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if not torch.cuda.is_available():
+        cpu_shims()
+
+
+def transformer_config(hf_cfg, tp: int = 1, dtype: torch.dtype = torch.float32):
+    """megatron-core ``TransformerConfig`` equal to a HF Qwen2 / Llama config."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    act = getattr(hf_cfg, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"megatron conversion supports SwiGLU (hidden_act=silu), not {act!r}")
+    heads = hf_cfg.num_attention_heads
+    return TransformerConfig(
+        num_layers=hf_cfg.num_hidden_layers,
+        hidden_size=hf_cfg.hidden_size,
+        ffn_hidden_size=hf_cfg.intermediate_size,
+        num_attention_heads=heads,
+        num_query_groups=hf_cfg.num_key_value_heads,
+        kv_channels=getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // heads,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_cfg.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=hf_cfg.model_type == "qwen2",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def rope_theta(hf_cfg) -> float:
+    rp = getattr(hf_cfg, "rope_parameters", None) or {}
+    return float(rp.get("rope_theta", getattr(hf_cfg, "rope_theta", 10000.0)))
+
+
+def build_gpt(hf_cfg, tp: int = 1, dtype: torch.dtype = torch.float32):
+    """A megatron-core GPTModel with the HF config's architecture (this TP rank's shard);
+    logits are gathered to the full vocabulary."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    check_tp(hf_cfg, tp)
+    return GPTModel(
+        config=transformer_config(hf_cfg, tp, dtype),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=hf_cfg.vocab_size,
+        max_sequence_length=hf_cfg.max_position_embeddings,
+        parallel_output=False,
+        share_embeddings_and_output_weights=bool(hf_cfg.tie_word_embeddings),
+        position_embedding_type="rope",
+        rotary_base=int(rope_theta(hf_cfg)),
+    )
+
+
+def weights(model) -> dict[str, Tensor]:
+    """The model's parameters and tensor buffers by name (no ``_extra_state``)."""
+    return {k: v for k, v in model.state_dict().items() if isinstance(v, Tensor)}
+
+
+def load_hf_weights(model, hf_sd: dict[str, Tensor], hf_cfg) -> None:
+    """This TP rank's shard of ``hf_sd`` into ``model``; every weight must land."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    local = hf_to_megatron(hf_sd, hf_cfg, tp, rank)
+    missing, unexpected = model.load_state_dict(local, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(f"megatron conversion: missing {missing}, unexpected {unexpected}")
+
+
+def gather_hf_weights(model, hf_cfg) -> dict[str, Tensor]:
+    """All TP ranks' shards joined into one HF state dict (on every rank)."""
+    import torch.distributed as tdist
+    from megatron.core import parallel_state
+
+    local = {k: v.detach() for k, v in weights(model).items()}
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    if tp == 1:
+        return megatron_to_hf([local], hf_cfg)
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict] = [dict() for _ in range(tp)]
+    for k, v in local.items():
+        parts = [torch.empty_like(v) for _ in range(tp)]
+        tdist.all_gather(parts, v.contiguous(), group=group)
+        for r in range(tp):
+            shards[r][k] = parts[r]
+    return megatron_to_hf(shards, hf_cfg)
+
+
+def forward_logits(model, ids: Tensor, attn: Tensor) -> Tensor:
+    """(N, L, V) logits with the adapter's conventions: left padding masked out of
+    attention (causal and padding mask combined), RoPE positions relative (a constant
+    shift per row leaves every attention score unchanged)."""
+    L = ids.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()
+    allowed = causal[None] & attn.bool()[:, None, :]
+    mask = ~allowed[:, None]  # (N, 1, L, L), True = masked
+    positions = torch.arange(L, device=ids.device).expand_as(ids)
+    with cpu_current_device():
+        return model(input_ids=ids, position_ids=positions, attention_mask=mask)
+
+
+class MegatronTextPolicy:
+    """A TextPolicy whose trained weights live in a Megatron GPTModel (see the module
+    docstring); generation and export go through the HF model after a weight sync."""
+
+    def __init__(self, inner, model, hf_cfg):
+        self._inner, self.model, self.hf_cfg = inner, model, hf_cfg
+        self._synced: tuple | None = self._version()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    @property
+    def inner(self):
+        return self._inner
+
+    def module(self):
+        return self.model
+
+    def _version(self) -> tuple:
+        return tuple(p._version for p in self.model.parameters())
+
+    def sync_weights(self) -> None:
+        """Trained Megatron weights -> the HF model (only when they changed)."""
+        if self._synced == self._version():
+            return
+        sd = gather_hf_weights(self.model, self.hf_cfg)
+        hf = self._inner.module()
+        with torch.no_grad():
+            missing, unexpected = hf.load_state_dict(sd, strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
+            raise ValueError(f"HF weight sync: missing {missing}, unexpected {unexpected}")
+        self._synced = self._version()
+
+    def generate(self, prompts, group_size, sampling, seeds):
+        self.sync_weights()
+        return self._inner.generate(prompts, group_size, sampling, seeds)
+
+    def save(self, path: str) -> None:
+        self.sync_weights()
+        self._inner.save(path)
+
+    def logprobs(self, rollout, with_entropy: bool = False):
+        """TextPolicy.logprobs computed by the Megatron model."""
+        inner = self._inner
+        ids = rollout.context["input_ids"]
+        attn = rollout.context["attention_mask"]
+        temperature = float(rollout.context["temperature"])
+        actions, mask = rollout.actions, rollout.mask.bool()
+        A = actions.shape[1]
+        P = ids.shape[1] - A
+        used = attn[:, :P].any(0).nonzero()
+        first = int(used[0]) if len(used) else P - 1
+        live = mask.any(0).nonzero()
+        last = int(live[-1]) + 1 if len(live) else 1
+        ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+        logits = forward_logits(self.model, ids, attn)
+        logits = inner._tempered(logits[:, -last:], temperature)
+        logp_all = logits.log_softmax(-1)
+        kept = mask[:, :last]
+        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
+        lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
+        if not with_entropy:
+            return lp
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
+
+
+class MegatronEngine:
+    """Controllers are data-parallel ranks, each with a TP=1 Megatron model; gradients
+    summed over controllers like the replica backend's."""
+
+    name = "megatron"
+    lockstep = False
+
+    def __init__(self, dist, train_cfg):
+        self.dist, self.cfg = dist, train_cfg
+
+    def wrap(self, policy):
+        init_parallel(1)
+        hf = policy.module()
+        hf_cfg = hf.config
+        dtype = next(hf.parameters()).dtype
+        model = build_gpt(hf_cfg, 1, dtype)
+        load_hf_weights(model, hf.state_dict(), hf_cfg)
+        hf.requires_grad_(False)  # the HF copy only generates
+        return MegatronTextPolicy(policy, model, hf_cfg)
+
+    def enable_reference(self, policy) -> None:
+        policy.enable_reference()
+
+    def reduce_and_clip(self, params, max_norm: float) -> Tensor:
+        self.dist.sum_grads(params)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def rollout_weights(self, policy):
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def model_state(self, policy) -> dict:
+        """HF-named weights (exact conversion): checkpoints read like any other run's."""
+        return gather_hf_weights(policy.module(), policy.hf_cfg)
+
+    def full_weights(self, policy) -> dict:
+        return gather_hf_weights(policy.module(), policy.hf_cfg)
+
+    def load_model_state(self, policy, state: dict) -> None:
+        load_hf_weights(policy.module(), state, policy.hf_cfg)
+
+    def optimizer_state(self, policy, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, policy, optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+    def export(self, policy, path: str) -> None:
+        policy.sync_weights()
+        if self.dist.is_main:
+            policy.save(str(path))

@@ -1,0 +1,286 @@
+"""``rollout.backend: vllm``: rollouts from an in-process vLLM engine per controller.
+
+Each controller owns one ``vllm.LLM`` on its own device, built from the policy's model
+directory. Before a generation whose trainer weights changed (an optimizer step moved
+them), the trainer's full weights are loaded into the engine in place
+(``sync_weights``); around training the engine sleeps (``LLM.sleep`` /
+``wake_up``, GPU only: it frees the KV cache and, at level 2, the weights).
+
+Samples come back with the engine's per-token log-probs (``logprobs_mode=
+processed_logprobs``: after temperature and the banned-token mask, the same tempered
+distribution the trainer scores; with top_p < 1 vLLM renormalises over the nucleus
+and the trainer does not, which the correction below absorbs). The trainer then
+scores the same tokens; its log-probs become the rollout's ``logprobs`` (the PPO
+ratio starts at 1 on the trainer's numerics) and the mismatch is corrected by
+truncated importance sampling (TIS, as verl and the "Your efficient RL framework
+secretly brings you off-policy RL training" note): each token's loss is weighted by
+
+    w = min(exp(logp_trainer - logp_engine), C)      (C = rollout.is_cap; 0 turns it off)
+
+stored as ``context["is_weight"]`` (the controller multiplies the per-token loss by
+it). Logged per step: ``rollout/logprob_diff`` (mean |logp_trainer - logp_engine| over
+kept tokens), ``rollout/is_weight_mean``, ``rollout/is_weight_max``,
+``rollout/is_weight_clipped_frac``, and the engine's ``rollout/weight_sync_s``,
+``rollout/sleep_s``, ``rollout/wake_s``.
+
+Text policies only in this version: VLM prompts (images as ``multi_modal_data``)
+raise NotImplementedError naming issue 17.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from mmyatt.rollout import Rollout
+
+IS_KEYS = ("is_abs_diff", "is_weight", "is_clipped")
+
+
+def truncated_is_weights(
+    trainer_lp: Tensor, engine_lp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token TIS weights ``min(exp(trainer - engine), cap)`` (1 where masked, and
+    everywhere when ``cap`` is 0), and per-sample sums for the step's metrics:
+    ``is_abs_diff`` (sum of |trainer - engine|), ``is_weight`` (sum of the weights
+    before the cap), ``is_clipped`` (tokens whose weight hit the cap), over kept tokens."""
+    keep = mask.bool()
+    diff = torch.where(keep, trainer_lp.float() - engine_lp.float(), 0.0)
+    raw = torch.where(keep, diff.exp(), 1.0)
+    w = raw.clamp(max=cap) if cap > 0 else torch.ones_like(raw)
+    w = torch.where(keep, w, 1.0)
+    sums = {
+        "is_abs_diff": diff.abs().sum(1),
+        "is_weight": torch.where(keep, raw, 0.0).sum(1),
+        "is_clipped": ((raw > cap) & keep).float().sum(1) if cap > 0 else torch.zeros(len(w)),
+    }
+    return w, sums
+
+
+def is_metrics(r: Rollout, dist) -> dict[str, float]:
+    """The step's TIS figures from the per-sample sums in ``r.context`` (all ranks)."""
+    local = {k: float(r.context[k].sum()) for k in IS_KEYS if k in r.context}
+    if not local:
+        return {}
+    local["tokens"] = float(r.mask.sum())
+    g = dist.sum_many(local)
+    n = max(g["tokens"], 1.0)
+    return {
+        "rollout/logprob_diff": g["is_abs_diff"] / n,
+        "rollout/is_weight_mean": g["is_weight"] / n,
+        "rollout/is_weight_clipped_frac": g["is_clipped"] / n,
+    }
+
+
+def engine_samples_to_rollout(
+    policy, prompts: list[dict], prompt_ids: list[list[int]], samples, group_size: int, A: int
+) -> Rollout:
+    """A rollout in exactly the adapter's layout (see TextPolicy.generate) from engine
+    samples: ``samples[i]`` is prompt ``i // G``'s ``i % G``-th sample, a tuple
+    ``(token_ids, logprobs, stopped)``."""
+    G = group_size
+    P = policy.max_prompt_tokens
+    N = len(prompts) * G
+    pad = policy.pad_id
+    prompt = torch.full((N, P), pad, dtype=torch.long)
+    pmask = torch.zeros(N, P, dtype=torch.long)
+    actions = torch.full((N, A), pad, dtype=torch.long)
+    logprobs = torch.zeros(N, A)
+    mask = torch.zeros(N, A)
+    stopped = torch.zeros(N, dtype=torch.bool)
+    for i, (tokens, lps, stop) in enumerate(samples):
+        ids = prompt_ids[i // G]
+        prompt[i, P - len(ids) :] = torch.tensor(ids)
+        pmask[i, P - len(ids) :] = 1
+        n = min(len(tokens), A)
+        actions[i, :n] = torch.tensor(tokens[:n], dtype=torch.long)
+        logprobs[i, :n] = torch.tensor(lps[:n], dtype=torch.float32)
+        mask[i, :n] = 1.0
+        stopped[i] = bool(stop)
+    lengths = mask.sum(-1).long().tolist()
+    rows = actions.tolist()
+    outputs = policy.tokenizer.batch_decode(
+        [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
+    )
+    return Rollout(
+        prompt_ids=[
+            str(r.get("id", r.get("_index", i))) for i, r in enumerate(prompts) for _ in range(G)
+        ],
+        actions=actions,
+        logprobs=logprobs,
+        mask=mask,
+        context={
+            "input_ids": torch.cat([prompt, actions], 1),
+            "attention_mask": torch.cat([pmask, mask.long()], 1),
+        },
+        outputs=outputs,
+        records=[r for r in prompts for _ in range(G)],
+        truncated=~stopped,
+    )
+
+
+class VLLMRolloutPolicy:
+    """The controller's policy with generation on vLLM (see the module docstring).
+    ``llm`` may be given (tests pass an object with vLLM's ``generate`` interface)."""
+
+    def __init__(self, inner, engine, rollout_cfg, dist, *, model_path=None, llm=None):
+        self._inner, self._engine, self.cfg, self.dist = inner, engine, rollout_cfg, dist
+        self.model_path = model_path
+        self._llm = llm
+        self._synced = None if llm is None else self._version()
+        self.timings: dict[str, float] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    @property
+    def inner(self):
+        return self._inner
+
+    # ------------------------------------------------------------------ engine
+    def _adapter(self):
+        """The TextPolicy under any engine wrappers (for prompts, pad, temperature)."""
+        p = self._inner
+        while hasattr(p, "inner"):
+            p = p.inner
+        return p
+
+    def llm(self):
+        if self._llm is None:
+            from mmyatt.engines import require
+
+            require("vllm", "rollout.backend=vllm")
+            import vllm
+
+            self._llm = vllm.LLM(
+                model=str(self.model_path),
+                dtype="auto",
+                seed=0,
+                gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+                enable_sleep_mode=self._can_sleep(),
+                logprobs_mode="processed_logprobs",
+                enforce_eager=True,
+            )
+            self._synced = None
+        return self._llm
+
+    def _can_sleep(self) -> bool:
+        return self.cfg.sleep_level > 0 and torch.cuda.is_available()
+
+    def _version(self) -> tuple:
+        return tuple(p._version for p in self._inner.module().parameters())
+
+    def sync_weights(self) -> None:
+        """Trainer weights -> the engine, in place, when an optimizer step moved them."""
+        version = self._version()
+        if self._synced == version:
+            return
+        t0 = time.perf_counter()
+        weights = self._engine.full_weights(self._inner)
+        llm = self.llm()
+        if hasattr(llm, "load_weights"):  # the test engine
+            llm.load_weights(weights)
+        else:
+            items = [(k, v.detach()) for k, v in weights.items()]
+            llm.collective_rpc(_load_into_worker, args=(items,))
+        self._synced = version
+        self.timings["rollout/weight_sync_s"] = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ protocol
+    def generate(self, prompts, group_size, sampling, seeds) -> Rollout:
+        policy = self._adapter()
+        if any(r.get("image") is not None or r.get("video") is not None for r in prompts):
+            raise NotImplementedError(
+                "issue 17: rollout.backend=vllm with image/video prompts (multi_modal_data) "
+                "is not implemented yet; use rollout.backend=hf for VLM policies"
+            )
+        llm = self.llm()
+        if self._can_sleep() and getattr(self, "_asleep", False):
+            t0 = time.perf_counter()
+            llm.wake_up()
+            self._asleep = False
+            self.timings["rollout/wake_s"] = time.perf_counter() - t0
+        self.sync_weights()
+        prompt_ids = policy._encode_prompts(prompts)
+        params = self.sampling_params(policy, sampling, group_size, seeds)
+        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
+        outs = llm.generate(requests, params, use_tqdm=False)
+        samples = []
+        for out in outs:
+            for c in out.outputs:
+                lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]
+                samples.append((list(c.token_ids), lps, c.finish_reason == "stop"))
+        r = engine_samples_to_rollout(
+            policy, prompts, prompt_ids, samples, group_size, sampling.max_new_tokens
+        )
+        r.context["temperature"] = float(sampling.temperature) if sampling.temperature > 0 else 1.0
+        policy.stats["samples_generated"] += len(r)
+        policy.stats["tokens_generated"] += int(r.mask.sum())
+        self._correct(r)
+        if self._can_sleep():
+            t0 = time.perf_counter()
+            llm.sleep(level=self.cfg.sleep_level)
+            self._asleep = True
+            self.timings["rollout/sleep_s"] = time.perf_counter() - t0
+        if hasattr(self._inner, "filler") and len(r):
+            self._inner.filler = r.select([0])
+        return r
+
+    def _correct(self, r: Rollout) -> None:
+        """Trainer log-probs become the rollout's; TIS weights and sums into the context."""
+        if not len(r):
+            return
+        engine_lp = r.logprobs
+        with torch.no_grad(), self._engine.rollout_weights(self._inner):
+            trainer_lp = self._inner.logprobs(r).detach().float()
+        w, sums = truncated_is_weights(trainer_lp, engine_lp, r.mask, self.cfg.is_cap)
+        r.logprobs = trainer_lp
+        r.context["engine_logprobs"] = engine_lp
+        r.context["is_weight"] = w
+        r.context.update(sums)
+
+    def sampling_params(self, policy, sampling, group_size: int, seeds: list[int]):
+        """One vLLM SamplingParams per prompt (its seed), the adapter's token bans."""
+        import vllm
+
+        banned = set(policy._banned.tolist())
+        allowed = [i for i in range(len(policy.tokenizer)) if i not in banned]
+        out = []
+        for seed in seeds:
+            out.append(
+                vllm.SamplingParams(
+                    n=group_size,
+                    temperature=0.0 if sampling.greedy else float(sampling.temperature),
+                    top_p=float(sampling.top_p),
+                    max_tokens=int(sampling.max_new_tokens),
+                    stop=list(sampling.stop) or None,
+                    include_stop_str_in_output=True,
+                    stop_token_ids=sorted(policy.eos_ids),
+                    seed=int(seed) % (2**31),
+                    logprobs=0,
+                    allowed_token_ids=allowed,
+                    skip_special_tokens=True,
+                )
+            )
+        return out
+
+    def rollout_stats(self, r: Rollout) -> dict[str, float]:
+        out = is_metrics(r, self.dist)
+        out.update(self.timings)
+        self.timings = {}
+        return out
+
+
+def _load_into_worker(worker, items):
+    """Runs inside each vLLM worker: load (name, tensor) pairs into its model in place."""
+    model = worker.model_runner.model
+    model.load_weights(weights=iter(items))
+    try:  # CPU/quantised backends repack weights after loading; redo it for the new ones
+        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+        process_weights_after_loading(model, worker.model_runner.model_config, worker.device)
+    except (ImportError, AttributeError, TypeError):
+        pass
+    return True
