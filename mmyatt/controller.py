@@ -30,7 +30,15 @@ from mmyatt import algorithms as alg
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.metrics import MetricsLogger, PhaseTimer
-from mmyatt.protocols import EMA, ClosedFormKL, ReferenceKL, Sampling, prompt_seed, require
+from mmyatt.protocols import (
+    EMA,
+    ClosedFormKL,
+    LatentOutputs,
+    ReferenceKL,
+    Sampling,
+    prompt_seed,
+    require,
+)
 from mmyatt.rollout import Rollout
 
 
@@ -79,11 +87,7 @@ class Controller:
             require(policy, ClosedFormKL if self._closed_form_kl else ReferenceKL, why)
             self.engine.enable_reference(policy)
         if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
-            if not hasattr(policy, "decode_outputs"):
-                raise TypeError(
-                    f"the rewards read latents, but {type(policy).__name__} has no latents "
-                    "(latent rewards are for flow models)"
-                )
+            require(policy, LatentOutputs, "rewards that read latents (flow models only)")
             policy.decode_outputs = False
         self.nft = None  # DiffusionNFT's sampling policy and loss (models/flow_nft.py)
         if cfg.algorithm.name == "diffusion_nft":

@@ -10,6 +10,7 @@ capability of its own, a separate protocol the engine checks with ``isinstance``
 * :class:`ReferenceKL`: a frozen reference and its log-probs (the k1/k2/k3 KL penalty);
 * :class:`ClosedFormKL`: the KL of Gaussian transitions from their means (flow models);
 * :class:`EMA`: an exponential moving average of the trained weights (flow models);
+* :class:`LatentOutputs`: outputs left as latents for rewards that read them (flow models);
 * :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``.
 
 Adapters import this module and :mod:`mmyatt.rollout` only from the engine; the engine
@@ -133,6 +134,13 @@ class EMA(Protocol):
 
 
 @runtime_checkable
+class LatentOutputs(Protocol):
+    """Outputs that can stay latents (no VAE decode) when every reward reads latents."""
+
+    decode_outputs: bool  # False: ``Rollout.outputs`` are the final latents
+
+
+@runtime_checkable
 class SupervisedPolicy(Protocol):
     """A supervised loss on manifest records (``mmyatt sft``)."""
 
@@ -142,8 +150,7 @@ class SupervisedPolicy(Protocol):
 def require(policy: Any, capability: type, why: str) -> None:
     """Raise a TypeError naming the capability ``why`` needs when ``policy`` lacks it."""
     if not isinstance(policy, capability):
-        wanted = protocol_methods(capability)
-        missing = sorted(n for n in wanted if not callable(getattr(policy, n, None)))
+        missing = [n for n in protocol_methods(capability) if n not in dir(policy)]
         raise TypeError(
             f"{why} needs a policy with the {capability.__name__} capability; "
             f"{type(policy).__name__} lacks {', '.join(missing)}"
@@ -151,12 +158,13 @@ def require(policy: Any, capability: type, why: str) -> None:
 
 
 def protocol_methods(capability: type) -> list[str]:
-    """The method names a protocol class (and the protocols it extends) declares."""
+    """The methods and attributes a protocol class (and the protocols it extends) declares."""
     names: set[str] = set()
     for base in capability.__mro__:
         if base is Protocol or base is object or not getattr(base, "_is_protocol", False):
             continue
         names |= {n for n, v in vars(base).items() if callable(v) and not n.startswith("_")}
+        names |= set(vars(base).get("__annotations__", {}))
     return sorted(names)
 
 
