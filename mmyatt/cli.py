@@ -50,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     b.add_argument("--quick", action="store_true", help="smaller workload (for tests)")
 
-    i = sub.add_parser("inspect", help="summarise a run directory")
+    i = sub.add_parser("inspect", help="summarise a run directory (--html: a full report)")
     i.add_argument("run")
+    i.add_argument(
+        "--html",
+        action="store_true",
+        help="also write a self-contained HTML report: curves, histograms, group spread, "
+        "best/worst samples with verdicts, judge-vs-check disagreements, every logged sample",
+    )
+    i.add_argument("--out", default=None, help="the report's path (default RUN/report.html)")
 
     d = sub.add_parser("demo", help="the main demo job on the embedded default")
     d.add_argument("--run-dir", default="runs/demo")
@@ -116,7 +123,15 @@ def dispatch(args) -> int:
     if args.cmd == "inspect":
         from mmyatt.run import print_summary
 
-        print_summary(Path(args.run))
+        run = Path(args.run)
+        if not run.is_dir():
+            print(f"mmyatt: no run directory at {run}", file=sys.stderr)
+            return 2
+        print_summary(run)
+        if args.html:
+            from mmyatt.report import write_report
+
+            print(f"[inspect] report written to {write_report(run, args.out)}")
         return 0
     if args.cmd == "demo":
         from mmyatt.run import train

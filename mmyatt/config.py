@@ -520,6 +520,10 @@ def validate(cfg: RunConfig) -> None:
         (cfg.optim.lr > 0, "optim.lr must be > 0"),
         (cfg.trainer.rollouts_per_step >= 1, "trainer.rollouts_per_step must be >= 1"),
         (cfg.trainer.save_rollouts_every >= 0, "trainer.save_rollouts_every must be >= 0"),
+        (
+            len(set(cfg.logging.trackers)) == len(cfg.logging.trackers),
+            "logging.trackers names a tracker twice",
+        ),
         (len(cfg.reward.functions) > 0, "reward.functions must name at least one reward"),
         (
             cfg.algorithm.overlong == "none"
@@ -530,6 +534,9 @@ def validate(cfg: RunConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    from mmyatt.trackers import check_trackers
+
+    check_trackers(cfg.logging)  # a requested tracker that is not installed: its pip command
     from mmyatt.engines import check_engines
 
     check_engines(cfg)  # a backend that cannot run here fails now, with the install command

@@ -39,7 +39,10 @@ from mmyatt.protocols import (
     prompt_seed,
     require,
 )
+from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
+from mmyatt.rollout_log import truncate_rollouts, write_rollouts
+from mmyatt.trackers import make_logger
 
 
 class Controller:
@@ -58,7 +61,7 @@ class Controller:
         self.cfg, self.run_dir, self.dist = cfg, Path(run_dir), dist
         self.policy, self.reward, self.shard = policy, reward, shard
         self.eval_records = eval_records
-        self.logger = logger or MetricsLogger(run_dir, enabled=dist.is_main)
+        self.logger = logger or make_logger(cfg, run_dir, enabled=dist.is_main)
         self.local_prompts = cfg.data.prompts_per_step // dist.world_size
         from mmyatt.engines import build_engines
 
@@ -117,6 +120,7 @@ class Controller:
     def _step(self) -> dict[str, float]:
         timer = PhaseTimer()
         self.consumed = []
+        self.last_rollout = None  # a skipped step logs no rollout
         rollout, dyn = self.collect(timer)  # generate + reward (+ DAPO refill rounds)
         if rollout is None:  # every group everywhere had equal rewards
             return {**dyn, **timer.metrics()}
@@ -240,6 +244,8 @@ class Controller:
             parts = {**parts, "overlong_penalty": pen}
             rewards = rewards + pen
         r.rewards, r.reward_parts = rewards.float(), parts
+        if isinstance(self.reward, RewardMixture):  # the judges' answers, for the rollout log
+            r.verdicts = self.reward.last_verdicts
         return r
 
     def drop_zero_variance_groups(self, r: Rollout) -> tuple[Rollout | None, int]:
@@ -638,18 +644,11 @@ class Controller:
         if path.exists():
             rows = [x for x in path.read_text().splitlines() if x.strip()]
             path.write_text("".join(x + "\n" for x in rows if json.loads(x)["step"] <= step))
+        truncate_rollouts(self.run_dir, self.dist.rank, step)
 
     def save_rollouts(self, step: int, r: Rollout) -> None:
-        path = self.run_dir / "rollouts" / f"rank{self.dist.rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            for i in range(len(r)):
-                row = {
-                    "step": step,
-                    "prompt_id": r.prompt_ids[i],
-                    "prompt": r.records[i].get("prompt"),
-                    "output": r.outputs[i] if isinstance(r.outputs[i], str) else None,
-                    "reward": float(r.rewards[i]),
-                    "parts": {k: float(v[i]) for k, v in r.reward_parts.items()},
-                }
-                f.write(json.dumps(row) + "\n")
+        """The rollout log (mmyatt/rollout_log.py, docs/rollout_logs.md); rank 0's rows also
+        go to the trackers' rollout table."""
+        cap = self.cfg.trainer.rollouts_per_step
+        rows = write_rollouts(self.run_dir, self.dist.rank, step, r, cap)
+        self.logger.log_rollouts(step, rows)

@@ -34,10 +34,18 @@ class PhaseTimer:
 class MetricsLogger:
     """Writes one JSON object per logged step; only the main controller writes."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        trackers: list | None = None,
+    ):
         self.enabled = enabled
+        self.run_dir = Path(run_dir)
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
+        self.trackers = list(trackers or [])  # wandb / mlflow (mmyatt/trackers.py)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if tensorboard:
@@ -59,11 +67,17 @@ class MetricsLogger:
             row[k] = v
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        scalars = {
+            k: float(v)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
         if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, int | float) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
             self._tb.flush()
+        for t in self.trackers:
+            t.log_scalars(int(step), scalars)
 
     def truncate_after(self, step: int) -> None:
         """Drop rows logged after ``step`` (a resumed run rewrites them)."""
@@ -82,14 +96,32 @@ class MetricsLogger:
             self._tb = SummaryWriter(log_dir=self._tb.log_dir, purge_step=step + 1)
 
     def add_image(self, tag: str, image, step: int) -> None:
-        if self.enabled and self._tb is not None:
+        if not self.enabled:
+            return
+        if self._tb is not None:
             import numpy as np
 
             self._tb.add_image(tag, np.asarray(image), step, dataformats="HWC")
+        for t in self.trackers:
+            t.log_image(tag, image, step)
+
+    def log_rollouts(self, step: int, rows: list[dict]) -> None:
+        """The main controller's logged rollouts of a step, as a table in every tracker."""
+        if not self.enabled or not rows:
+            return
+        if self._tb is not None:
+            from mmyatt.trackers import markdown_table
+
+            self._tb.add_text("rollouts", markdown_table(rows), step)
+        for t in self.trackers:
+            t.log_rollouts(step, rows, self.run_dir)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

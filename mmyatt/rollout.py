@@ -30,6 +30,8 @@ class Rollout:
     truncated: Tensor | None = None  # (N,) bool: hit the action budget without stopping
     rewards: Tensor | None = None  # (N,) combined reward
     reward_parts: dict[str, Tensor] = field(default_factory=dict)  # name -> (N,)
+    # (N,) per sample {judge term: question, raw answer, parsed verdict}; for the rollout log
+    verdicts: list[dict] | None = None
     advantages: Tensor | None = None  # (N,) or (N, A)
     ref_logprobs: Tensor | None = None  # (N, A) log pi_ref(a|s)
 

@@ -351,6 +351,8 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     ctl.engine.export(ctl.policy, str(out))  # all ranks: FSDP gathers the weights, rank 0 writes
     say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
     log.close()
+    if dist.is_main:
+        save_plots(ctl.run_dir)
     dist.barrier()
 
 
@@ -380,6 +382,19 @@ def write_samples(ctl, step: int) -> None:
     grid = save_samples(ctl.run_dir / "samples", step, ctl.eval_outputs)
     if grid is not None:
         ctl.logger.add_image("samples/eval", grid, step)
+
+
+def save_plots(run_dir: Path) -> None:
+    """plots/rewards.png, reward_components.png, timings.png (mmyatt/plots.py). A figure
+    that cannot be drawn is reported, not raised: the run itself is finished."""
+    from mmyatt.plots import save_run_plots
+
+    try:
+        paths = save_run_plots(run_dir)
+    except Exception as e:  # noqa: BLE001 (a plot never fails a finished run)
+        print(f"[plots] not written: {type(e).__name__}: {e}", flush=True)
+        return
+    print(f"[plots] {', '.join(p.name for p in paths)} in {run_dir / 'plots'}", flush=True)
 
 
 def peak_rss_mb() -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.rules import WeightedReward
 
 BatchReward = Callable[..., tuple[Tensor, dict[str, Tensor]]]
@@ -31,6 +32,9 @@ class RewardMixture:
         if not terms:
             raise ValueError("RewardMixture needs at least one term")
         self.terms = list(terms)
+        # per sample of the last call: {term label: the judge's verdict} for GenRM terms
+        # (question, raw answer, parsed P(Yes) or score; see GenRMReward._verdicts)
+        self.last_verdicts: list[dict] = []
         latent = [t[0] for t in self.terms if getattr(t[1], "reads_latents", False)]
         if latent and len(latent) < len(self.terms):
             raise ValueError(
@@ -84,14 +88,19 @@ class RewardMixture:
     def __call__(self, outputs, records, prompt_ids=None) -> tuple[Tensor, dict[str, Tensor]]:
         total = torch.zeros(len(outputs), dtype=torch.float32)
         parts: dict[str, Tensor] = {}
+        verdicts: list[dict] = [{} for _ in outputs]
         for label, source, weight, zscore in self.terms:
             values, extra = source(outputs, records, prompt_ids)
+            if isinstance(source, GenRMReward):
+                for row, v in zip(verdicts, source.last_verdicts):
+                    row[label] = v
             values = values.float()
             parts[label] = values
             for k, v in extra.items():
                 if k != label and not (isinstance(source, WeightedReward)):
                     parts[k] = v
             total = total + weight * (standardise(values) if zscore else values)
+        self.last_verdicts = verdicts
         return total, parts
 
 

@@ -1,0 +1,185 @@
+"""Read a run directory into pandas: ``run = load_run("runs/demo")``.
+
+The one reader that ``mmyatt inspect --html``, the plots and the notebooks share.
+
+``run.metrics``
+    metrics.jsonl, one row per logged step (``step`` plus one column per metric; texts
+    such as ``"nan"`` become NaN). Training and eval rows of the same step are merged.
+``run.rollouts``
+    the rollout logs of every rank (docs/rollout_logs.md), one row per logged sample:
+    ``step, rank, prompt_id, group, sample, prompt, output, output_file, reward,
+    advantage, length, ...``; each reward component as ``part/<name>``; for every GenRM
+    term ``verdict/<term>`` (its parsed P(Yes) or score, the value it paid),
+    ``raw/<term>`` (the judge's answer token or text) and ``question/<term>``.
+``run.config``, ``run.summary``
+    config.yaml and summary.json as dicts (empty when absent).
+
+Helpers: :meth:`Run.group_spread` (reward spread per prompt group),
+:meth:`Run.disagreements` (judge verdict against a rule or critic logged next to it,
+largest gaps first), :meth:`Run.media` (a sample's image or clip frames).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+NOT_CHECKS = ("overlong_penalty",)  # parts that are not a judgement of the output
+
+
+def load_metrics(run_dir: str | Path) -> pd.DataFrame:
+    """metrics.jsonl as a DataFrame with one row per step, sorted by step."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    )
+    if not rows:
+        return pd.DataFrame({"step": pd.Series(dtype=int)})
+    df = pd.DataFrame(rows)
+    for c in df.columns:
+        if c != "step":
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    # a step can have a training row and an eval row (eval_every, the final eval)
+    df = df.groupby("step", as_index=False, sort=True).first()
+    return df
+
+
+def load_rollouts(run_dir: str | Path) -> pd.DataFrame:
+    """Every rank's rollouts/rank<r>.jsonl as one DataFrame (see the module docstring)."""
+    files = sorted((Path(run_dir) / "rollouts").glob("rank*.jsonl"))
+    rows = []
+    for f in files:
+        rank = int(f.stem[4:])
+        for line in f.read_text().splitlines():
+            if line.strip():
+                rows.append(_flat(json.loads(line), rank))
+    if not rows:
+        return pd.DataFrame(columns=["step", "rank", "prompt_id", "sample", "reward"])
+    df = pd.DataFrame(rows)
+    for c in ["reward", "advantage", *[c for c in df if c.startswith(("part/", "verdict/"))]]:
+        if c in df:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df.sort_values(["step", "rank", "group", "sample"], kind="stable").reset_index(drop=True)
+
+
+def _flat(row: dict, rank: int) -> dict:
+    out = {k: v for k, v in row.items() if k not in ("parts", "verdicts", "media")}
+    out.setdefault("rank", rank)
+    for k, v in (row.get("media") or {}).items():
+        out[f"media/{k}"] = v
+    for k, v in (row.get("parts") or {}).items():
+        out[f"part/{k}"] = v
+    for term, v in (row.get("verdicts") or {}).items():
+        out[f"verdict/{term}"] = v.get("verdict")
+        raw = v.get("raw")
+        out[f"raw/{term}"] = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
+        out[f"question/{term}"] = v.get("question")
+        if v.get("top_logprobs") is not None:
+            out[f"top_logprobs/{term}"] = v["top_logprobs"]
+    return out
+
+
+@dataclass
+class Run:
+    path: Path
+    metrics: pd.DataFrame
+    rollouts: pd.DataFrame
+    config: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return str(self.config.get("name") or self.path.name)
+
+    @property
+    def judge_terms(self) -> list[str]:
+        """Reward terms with judge verdicts in the rollout log."""
+        return [c[8:] for c in self.rollouts if c.startswith("verdict/")]
+
+    @property
+    def parts(self) -> list[str]:
+        return [c[5:] for c in self.rollouts if c.startswith("part/")]
+
+    @property
+    def check_terms(self) -> list[str]:
+        """Components that judge the output but are not a GenRM term: rules and critics."""
+        judges = set(self.judge_terms)
+        return [
+            p
+            for p in self.parts
+            if p not in judges
+            and not p.endswith("_parse_failed")
+            and p not in NOT_CHECKS
+            and not any(p.startswith(f"{j}#") for j in judges)
+        ]
+
+    def group_spread(self) -> pd.DataFrame:
+        """One row per (step, rank, prompt group): n, mean, std, min, max, range of the
+        reward, and ``flat`` (every sample got the same reward)."""
+        r = self.rollouts
+        if r.empty:
+            return pd.DataFrame(
+                columns=["step", "rank", "prompt_id", "n", "mean", "std", "min", "max"]
+            )
+        g = r.groupby(["step", "rank", "group", "prompt_id"], sort=True)["reward"]
+        out = g.agg(n="count", mean="mean", std=lambda x: x.std(ddof=0), min="min", max="max")
+        out = out.reset_index()
+        out["range"] = out["max"] - out["min"]
+        out["flat"] = out["range"] <= 1e-9
+        return out
+
+    def disagreements(self, judge: str | None = None, check: str | None = None) -> pd.DataFrame:
+        """Samples scored by a judge and a check, largest |verdict - check| first: columns
+        step, rank, prompt, judge, check, gap (judge - check), raw, plus the row index in
+        ``rollouts`` (``row``). Meaningful when both are in [0, 1] (P(Yes), rule hits,
+        critic probabilities)."""
+        judge = judge or (self.judge_terms[0] if self.judge_terms else None)
+        check = check or (self.check_terms[0] if self.check_terms else None)
+        cols = ["row", "step", "rank", "prompt", "judge", "check", "gap", "raw"]
+        if judge is None or check is None:
+            return pd.DataFrame(columns=cols)
+        r = self.rollouts
+        df = pd.DataFrame(
+            {
+                "row": r.index,
+                "step": r["step"],
+                "rank": r["rank"],
+                "prompt": r["prompt"],
+                "judge": r[f"verdict/{judge}"],
+                "check": r[f"part/{check}"],
+                "raw": r.get(f"raw/{judge}"),
+            }
+        ).dropna(subset=["judge", "check"])
+        df["gap"] = df["judge"] - df["check"]
+        order = df["gap"].abs().sort_values(ascending=False, kind="stable").index
+        return df.loc[order, cols].reset_index(drop=True)
+
+    def media(self, row: int | pd.Series) -> Any:
+        """The generated image (PIL) or clip (list of PIL frames) of a rollout row, or
+        None for text outputs."""
+        from PIL import Image, ImageSequence
+
+        rec = self.rollouts.loc[row] if not isinstance(row, pd.Series) else row
+        f = rec.get("output_file")
+        if not isinstance(f, str):
+            return None
+        with Image.open(self.path / f) as im:
+            if getattr(im, "n_frames", 1) > 1:
+                return [fr.convert("RGB") for fr in ImageSequence.Iterator(im)]
+            return im.convert("RGB")
+
+
+def load_run(path: str | Path) -> Run:
+    """A run directory as DataFrames; see the module docstring."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"no run directory at {p}")
+    config = yaml.safe_load((p / "config.yaml").read_text()) if (p / "config.yaml").exists() else {}
+    summary = json.loads((p / "summary.json").read_text()) if (p / "summary.json").exists() else {}
+    return Run(p, load_metrics(p), load_rollouts(p), config or {}, summary)

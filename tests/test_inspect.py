@@ -1,0 +1,216 @@
+"""Rollout logs, the run reader and the HTML report, on hand-made rollouts (fast), and
+the judge's verdicts as GenRMReward and RewardMixture expose them."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from mmyatt.inspect import load_run
+from mmyatt.report import write_report
+from mmyatt.rewards.genrm import GenRMReward
+from mmyatt.rewards.mixture import RewardMixture
+from mmyatt.rollout import Rollout
+from mmyatt.rollout_log import truncate_rollouts, write_rollouts
+
+
+def yes_no_response(token: str, p_yes: float) -> dict:
+    top = [
+        {"token": "Yes", "logprob": math.log(p_yes)},
+        {"token": "No", "logprob": math.log(1 - p_yes)},
+    ]
+    return {
+        "choices": [
+            {"logprobs": {"content": [{"token": token, "logprob": -0.1, "top_logprobs": top}]}}
+        ]
+    }
+
+
+class CannedClient:
+    """chat_many returns one scripted response per request, in order."""
+
+    def __init__(self, responses: list[dict]):
+        self.responses = list(responses)
+        self.bodies: list[dict] = []
+
+    def chat_many(self, bodies):
+        self.bodies += bodies
+        out, self.responses = self.responses[: len(bodies)], self.responses[len(bodies) :]
+        return out
+
+
+def test_genrm_exposes_question_raw_answer_and_parsed_verdict():
+    client = CannedClient([yes_no_response("Yes", 0.8), yes_no_response("No", 0.25)])
+    judge = GenRMReward(client, template="yes_no_correct")
+    total, _ = judge(["4", "5"], [{"prompt": "2+2="}, {"prompt": "2+2="}])
+    v = judge.last_verdicts
+    assert [x["raw"] for x in v] == ["Yes", "No"]
+    # P(Yes) / (P(Yes) + P(No)) with both sides in the top-k: 0.8 and 0.25 exactly
+    assert [x["verdict"] for x in v] == pytest.approx([0.8, 0.25], abs=1e-6)
+    assert total.tolist() == pytest.approx([0.8, 0.25], abs=1e-6)
+    assert "2+2=" in v[0]["question"] and "4" in v[0]["question"]
+    assert v[0]["top_logprobs"][0] == ["Yes", pytest.approx(math.log(0.8), abs=1e-4)]
+
+
+def test_genrm_score_mode_keeps_the_generated_text():
+    texts = ["Looks right. Score: 8", "no idea"]
+    responses = [{"choices": [{"message": {"content": t}}]} for t in texts]
+    judge = GenRMReward(CannedClient(responses), mode="score", template="score_text_1_10")
+    judge(["a", "b"], [{"prompt": "q"}, {"prompt": "q"}])
+    v = judge.last_verdicts
+    assert v[0]["raw"] == ["Looks right. Score: 8"] and v[0]["values"] == [0.8]
+    assert v[1]["values"] == [None] and v[1]["verdict"] == 0.0  # parse failure: fallback
+
+
+def test_mixture_collects_verdicts_per_sample_by_term():
+    client = CannedClient([yes_no_response("Yes", 0.9), yes_no_response("No", 0.1)])
+    judge = GenRMReward(client, template="yes_no_correct")
+    mix = RewardMixture([("genrm", judge, 1.0, False)])
+    mix(["4", "5"], [{"prompt": "2+2="}] * 2)
+    assert [v["genrm"]["raw"] for v in mix.last_verdicts] == ["Yes", "No"]
+
+
+def handmade_rollout(step_images: bool = True) -> Rollout:
+    """3 prompts x 2 samples; images of known colours; advantages per action for sample 0."""
+    n = 6
+    images = [Image.new("RGB", (8, 8), (40 * i, 0, 0)) for i in range(n)]
+    verdicts = [
+        {
+            "genrm": {
+                "mode": "yes_prob",
+                "question": "red?",
+                "raw": "Yes" if i % 2 else "No",
+                "values": [i / 5],
+                "verdict": i / 5,
+            }
+        }
+        for i in range(n)
+    ]
+    return Rollout(
+        prompt_ids=["a", "a", "b", "b", "c", "c"],
+        actions=torch.zeros(n, 3),
+        logprobs=torch.zeros(n, 3),
+        mask=torch.tensor([[1.0, 1.0, 0.0]] * n),
+        context={},
+        outputs=images if step_images else [f"out{i}" for i in range(n)],
+        records=[{"prompt": f"p{i // 2}", "split": "heldout"} for i in range(n)],
+        rewards=torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        reward_parts={
+            "genrm": torch.tensor([0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+            "rule": torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
+        },
+        advantages=torch.tensor([[1.0, 3.0, 99.0]] + [[0.5, 0.5, 0.5]] * 5),
+        verdicts=verdicts,
+    )
+
+
+def test_rollout_log_keeps_whole_groups_within_the_cap(tmp_path):
+    r = handmade_rollout()
+    rows = write_rollouts(tmp_path, 0, 7, r, cap=5)  # 2 whole groups = 4 samples
+    assert [(x["group"], x["sample"]) for x in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    first = rows[0]
+    assert first["advantage"] == 2.0  # (1 + 3) / 2: the masked action does not count
+    assert first["length"] == 2 and first["split"] == "heldout"
+    assert first["parts"] == {"genrm": 0.0, "rule": 1.0}
+    assert first["verdicts"]["genrm"]["raw"] == "No"
+    assert Image.open(tmp_path / first["output_file"]).getpixel((0, 0)) == (0, 0, 0)
+    assert write_rollouts(tmp_path, 0, 8, r, cap=1) and True  # one group even past the cap
+    lines = (tmp_path / "rollouts" / "rank0.jsonl").read_text().splitlines()
+    assert len(lines) == 4 + 2
+    truncate_rollouts(tmp_path, 0, 7)
+    lines = (tmp_path / "rollouts" / "rank0.jsonl").read_text().splitlines()
+    assert {json.loads(x)["step"] for x in lines} == {7}
+    assert not (tmp_path / "rollouts" / "media" / "step_000008").exists()
+
+
+def make_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: handmade\nreward: {functions: [{name: genrm}]}\n")
+    metrics = [
+        {"step": 0, "eval/reward/mean": 0.1, "eval/reward/genrm": 0.1},
+        {
+            "step": 1,
+            "reward/mean": 0.5,
+            "reward/std": 0.3,
+            "reward/genrm": 0.5,
+            "reward/rule": 0.8,
+            "timing/generate_s": 0.1,
+            "timing/update_s": 0.2,
+        },
+        {
+            "step": 2,
+            "reward/mean": 0.6,
+            "reward/std": 0.3,
+            "reward/genrm": 0.6,
+            "reward/rule": 0.8,
+            "timing/generate_s": 0.1,
+            "timing/update_s": 0.2,
+        },
+        {"step": 2, "eval/reward/mean": 0.3, "eval/reward/genrm": "nan"},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    write_rollouts(run, 0, 1, handmade_rollout(), cap=64)
+    write_rollouts(run, 1, 2, handmade_rollout(), cap=4)
+    return run
+
+
+def test_load_run_gives_dataframes(tmp_path):
+    run = load_run(make_run(tmp_path))
+    assert run.name == "handmade"
+    m = run.metrics
+    assert list(m["step"]) == [0, 1, 2]  # the step-2 train and eval rows merged
+    assert m.loc[2, "eval/reward/mean"] == 0.3 and pd.isna(m.loc[2, "eval/reward/genrm"])
+    r = run.rollouts
+    assert len(r) == 6 + 4 and set(r["rank"]) == {0, 1}
+    assert run.judge_terms == ["genrm"] and run.check_terms == ["rule"]
+    spread = run.group_spread()
+    # step 1, group a: rewards 0.0, 0.2 -> population std 0.1
+    a = spread[(spread["step"] == 1) & (spread["prompt_id"] == "a")].iloc[0]
+    assert a["std"] == pytest.approx(0.1, abs=1e-6) and not a["flat"]
+    d = run.disagreements()
+    assert d.loc[0, "gap"] == pytest.approx(-1.0)  # sample 0: judge 0.0, rule 1.0
+    assert isinstance(run.media(0), Image.Image)
+
+
+def test_html_report_holds_every_logged_sample(tmp_path):
+    run_dir = make_run(tmp_path)
+    html = write_report(run_dir).read_text()
+    check_report(html, load_run(run_dir))
+    assert html.count("data:image/png;base64,") >= 10  # figures and samples inline
+    assert 'src="http' not in html and "src='http" not in html  # self-contained
+
+
+def check_report(html: str, run) -> None:
+    """Every logged sample has a row with its reward, parts and verdicts as logged."""
+    rows = re.findall(r'<tr class=sample id="s(\d+)">(.*?)</tr>', html, flags=re.S)
+    assert len(rows) == len(run.rollouts)
+    for idx, cells in rows:
+        rec = run.rollouts.loc[int(idx)]
+        values = dict(re.findall(r"data-k='?([^'>]+)'?>([^<]*)</td>", cells))
+        assert float(values["reward"]) == pytest.approx(rec["reward"], abs=1e-4)
+        for p in run.parts:
+            assert float(values[f"part/{p}"]) == pytest.approx(rec[f"part/{p}"], abs=1e-4)
+        for t in run.judge_terms:
+            assert float(values[f"verdict/{t}"]) == pytest.approx(rec[f"verdict/{t}"], abs=1e-4)
+            assert str(rec[f"raw/{t}"]) in cells
+
+
+def test_requested_tracker_that_is_missing_names_the_install_command():
+    import importlib.util
+
+    from mmyatt.config import ConfigError, load_config
+
+    missing = [m for m in ("wandb", "mlflow") if importlib.util.find_spec(m) is None]
+    if not missing:
+        pytest.skip("wandb and mlflow are both installed")
+    with pytest.raises(ConfigError, match=r"logging.trackers.*pip install"):
+        load_config(None, [f"logging.trackers=[tensorboard, {missing[0]}]"])
+    load_config(None, ["logging.trackers=[]"])  # no tracker at all is fine
