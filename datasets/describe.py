@@ -72,14 +72,25 @@ VIDEO_PHRASES = (
 # the record's prompt and the policy's answer filled in
 JUDGE_TEMPLATE = "Question: {prompt}\nAnswer: {output}\nIs the answer correct? Answer Yes or No."
 JUDGE_NEGATIVES = ("colour", "shape", "direction", "added", "missing", "repeat")
+# Colours outside the policy's palette that only the judge's training draws, with every
+# shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
+# to read colour and shape apart, which is what a held-out pair asks of it.
+EXTRA_COLOURS: dict[str, tuple[int, int, int]] = {
+    "orange": (240, 140, 30),
+    "pink": (240, 130, 200),
+    "white": (230, 230, 230),
+    "brown": (150, 95, 45),
+}
 _WORD = re.compile(r"[a-z]+")
 
 
 # --- records -----------------------------------------------------------------------------
-def _combo(rng: np.random.Generator, video: bool, exclude_pairs, exclude_triples, only=None):
+def _combo(
+    rng: np.random.Generator, video: bool, exclude_pairs, exclude_triples, only=None, colours=None
+):
     if only is not None:
         return tuple(only[int(rng.integers(len(only)))])
-    colours = list(COLOURS)
+    colours = list(colours or COLOURS)
     while True:
         c = (colours[int(rng.integers(len(colours)))], SHAPES[int(rng.integers(len(SHAPES)))])
         if video:
@@ -108,12 +119,14 @@ def describe_records(
     exclude_triples=MOTION_HELDOUT,
     only_pairs=None,
     only_triples=None,
+    extra_colours: bool = False,
 ) -> list[dict]:
     """``n`` records with in-memory media: every ``round(1 / video_fraction)``-th one a
     clip of :data:`FRAMES` frames ("video": (T, H, W, 3) uint8), the others an image
     (PIL). Keys: prompt, image|video, answer (a reference description), colour, shape,
     direction (None for an image), task ("describe_image" / "describe_video").
-    ``only_pairs`` / ``only_triples`` draw from those combinations alone (held-out eval).
+    ``only_pairs`` / ``only_triples`` draw from those combinations alone (held-out eval);
+    ``extra_colours`` adds :data:`EXTRA_COLOURS` to the palette (judge training only).
 
     >>> r = describe_records(4, seed=0)
     >>> [x["task"] for x in r], r[3]["prompt"]
@@ -125,7 +138,8 @@ def describe_records(
     for i in range(n):
         video = bool(every) and i % every == every - 1
         only = only_triples if video else only_pairs
-        combo = _combo(rng, video, exclude_pairs, exclude_triples, only)
+        palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
+        combo = _combo(rng, video, exclude_pairs, exclude_triples, only, palette)
         colour, shape = combo[0], combo[1]
         direction = combo[2] if video else None
         rec = {
@@ -136,13 +150,14 @@ def describe_records(
             "direction": direction,
             "task": "describe_video" if video else "describe_image",
         }
+        fill = EXTRA_COLOURS.get(colour, colour)
         if video:
             frames = moving_shape_clip(
-                colour, shape, direction, num_frames=FRAMES, size=IMAGE_SIZE, rng=rng
+                fill, shape, direction, num_frames=FRAMES, size=IMAGE_SIZE, rng=rng
             )
             rec["video"] = np.stack([np.asarray(f) for f in frames])
         else:
-            rec["image"] = draw_shape(colour, shape, size=IMAGE_SIZE, rng=rng, jitter=0.1)
+            rec["image"] = draw_shape(fill, shape, size=IMAGE_SIZE, rng=rng, jitter=0.1)
         rec["answer"] = describe(colour, shape, direction, rng)
         out.append(rec)
     return out
@@ -205,7 +220,11 @@ def write_describe_task(
 
 
 # --- the independent check -----------------------------------------------------------------
-_VALUES = {"colour": tuple(COLOURS), "shape": SHAPES, "direction": tuple(DIRECTIONS)}
+_VALUES = {
+    "colour": (*COLOURS, *EXTRA_COLOURS),
+    "shape": SHAPES,
+    "direction": tuple(DIRECTIONS),
+}
 
 
 def _named(text: str) -> dict[str, list[str]]:
@@ -263,8 +282,9 @@ def _wrong(options, value, rng) -> str:
 
 def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
+    palette = [*COLOURS, *EXTRA_COLOURS]
     if kind == "colour":
-        return describe(_wrong(list(COLOURS), c, rng), s, d, rng)
+        return describe(_wrong(palette, c, rng), s, d, rng)
     if kind == "shape":
         return describe(c, _wrong(SHAPES, s, rng), d, rng)
     if kind == "direction":
@@ -273,7 +293,7 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
         extra = (
             f" moving {_wrong(list(DIRECTIONS), d or '', rng)}"
             if d is None
-            else f" and a {_wrong(list(COLOURS), c, rng)} one"
+            else f" and a {_wrong(palette, c, rng)} one"
         )
         return describe(c, s, d, rng) + extra
     if kind == "missing":

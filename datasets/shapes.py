@@ -255,7 +255,7 @@ def motion_records(
 
 
 def moving_shape_clip(
-    colour: str,
+    colour: str | tuple[int, int, int],
     shape: str,
     direction: str,
     num_frames: int = 8,
@@ -264,10 +264,10 @@ def moving_shape_clip(
 ) -> list[Image.Image]:
     """``num_frames`` frames of a shape moving in a straight line in ``direction``.
 
-    Half-extent 15-22% of the frame; the shape travels 35-50% of the frame over the clip
-    and stays fully inside it.
+    ``colour`` is a palette name or an RGB triple. Half-extent 15-22% of the frame; the
+    shape travels 35-50% of the frame over the clip and stays fully inside it.
     """
-    _check(colour, shape)
+    _check(colour if isinstance(colour, str) else None, shape)
     if direction not in DIRECTIONS:
         raise ValueError(f"unknown direction {direction!r}; expected one of {list(DIRECTIONS)}")
     if num_frames < 2:

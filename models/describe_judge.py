@@ -99,10 +99,12 @@ def train_describe_judge(
     n_eval: int = 256,
     seed: int = 0,
     max_prompt_tokens: int = 160,
+    extra_colours: bool = True,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
-    :func:`judge_records` with ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
+    :func:`judge_records` (``extra_colours``: with the judge-only colours) with
+    ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
     validation accuracies (seen + held-out-val) is measured; the best checkpoint is saved
     to ``out_dir`` and then measured once on the test sets. Returns {"best_step",
@@ -126,7 +128,9 @@ def train_describe_judge(
         for g in opt.param_groups:
             g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps)))
         model.train()
-        batch = judge_records(batch_size, seed=1_000 * (seed + 1) + step)
+        batch = judge_records(
+            batch_size, seed=1_000 * (seed + 1) + step, extra_colours=extra_colours
+        )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
