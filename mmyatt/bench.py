@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mmyatt.metrics import read_metrics
+from mmyatt.step_profile import MODEL_KINDS
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -89,7 +90,7 @@ def _machine() -> dict:
     }
 
 
-def _train(config: Path, run_dir: Path, overrides: list[str]) -> float:
+def _train(config: Path, run_dir: Path, overrides: list[str], env: dict | None = None) -> float:
     t0 = time.perf_counter()
     cmd = [
         sys.executable,
@@ -101,7 +102,7 @@ def _train(config: Path, run_dir: Path, overrides: list[str]) -> float:
         str(run_dir),
         *overrides,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(
             f"benchmark run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -137,6 +138,7 @@ def bench_text_grpo(quick: bool) -> dict:
                     f"trainer.threads={threads}",
                     f"trainer.steps={steps}",
                 ],
+                env={"MMYATT_STEP_PROFILE": "step_profile"},
             )
             rows = [r for r in read_metrics(rd) if "timing/step_s" in r][1:]  # drop warm-up step
             secs = sum(r["timing/step_s"] for r in rows)
@@ -159,6 +161,9 @@ def bench_text_grpo(quick: bool) -> dict:
                 ph: sum(r.get(f"timing/{ph}_share", 0) for r in rows) / len(rows) for ph in phases
             }
             out[f"peak_rss_mb_{label}"] = rss
+            out[f"profile_{label}"] = _merge_profiles(
+                [json.loads(f.read_text()) for f in sorted(rd.glob("step_profile_rank*.json"))]
+            )
             out[f"wall_s_{label}"] = wall
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["peak_rss_mb_per_controller"] = out["peak_rss_mb_2proc"]
@@ -169,6 +174,29 @@ def bench_text_grpo(quick: bool) -> dict:
         out["samples_per_s_2proc"] / out["samples_per_s_1proc_2threads"]
     )
     return out
+
+
+def _merge_profiles(ranks: list[dict]) -> dict:
+    """The step profile of an arm (``mmyatt.step_profile``): every controller's mean
+    seconds per step by kind (warm-up step dropped), averaged over controllers, with
+    shares of the step and the model-compute share (forward + backward + optimizer +
+    sampling kernels); "other" is Python and glue outside every timed call."""
+    sums = [r["summary"] for r in ranks if r.get("summary")]
+    if not sums:
+        return {}
+    kinds = list(dict.fromkeys(k for s in sums for k in s["seconds"]))
+    seconds = {k: sum(s["seconds"].get(k, 0.0) for s in sums) / len(sums) for k in kinds}
+    step = sum(s["step_s"] for s in sums) / len(sums)
+    share = {k: v / step for k, v in seconds.items()}
+    return {
+        "controllers": len(sums),
+        "steps_profiled": sums[0]["steps_profiled"],
+        "step_s": step,
+        "seconds": seconds,
+        "share": share,
+        "model_compute_share": sum(share.get(k, 0.0) for k in MODEL_KINDS),
+        "model_compute_share_per_controller": [s["model_compute_share"] for s in sums],
+    }
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ images per iteration, one PPO step over the trained transitions. Variants:
 * ``reduced``: 10 SDE steps per rollout (denoising reduction), every step trained;
 * ``window``: 10 steps, SDE and training only in a 2-step window (Flow-GRPO-Fast).
 
+Each variant also reports its ``profile`` (``mmyatt.step_profile``): the share of the
+iteration in transformer/text-encoder forwards, backward, optimizer, SDE step math,
+image conversion, loss math and the rest ("other": Python and glue outside the timers).
+
 ``speedup_denoising_reduction`` = time(full) / time(reduced);
 ``speedup_windowed_training`` = time(reduced) / time(window) (same rollout length, only
 the trained window differs); ``speedup_window_over_full`` = time(full) / time(window).
@@ -22,6 +26,7 @@ import torch
 
 from mmyatt import algorithms as alg
 from mmyatt.models.protocol import Sampling
+from mmyatt.step_profile import StepProfile, instrument_common, instrument_flow_policy
 
 
 def _iteration(policy, opt, prompts, group, sampling, seed) -> tuple[float, float, int]:
@@ -66,12 +71,22 @@ def bench_flow_grpo(quick: bool = False) -> dict:
         "repetitions": reps,
     }
     times: dict[str, list[tuple[float, float, int]]] = {k: [] for k in variants}
+    # where each variant's iteration goes (mmyatt.step_profile): timers on the real calls
+    profiles = {k: StepProfile() for k in variants}
     _iteration(policy, opt, prompts[:1], 2, Sampling(denoise_steps=4), 0)  # warm-up
     for rep in range(reps):  # interleaved, so drift on a noisy machine hits every variant
         for name, (steps, mode) in variants.items():
             sde, train = alg.train_step_schedule(steps, mode=mode, window=2, window_start=0)
             s = Sampling(denoise_steps=steps, noise_level=0.7, sde_steps=sde, train_steps=train)
-            times[name].append(_iteration(policy, opt, prompts, group, s, 100 * rep))
+            prof = profiles[name]
+            instrument_common(prof, opt)
+            instrument_flow_policy(prof, policy)
+            prof.begin_step()
+            try:
+                times[name].append(_iteration(policy, opt, prompts, group, s, 100 * rep))
+            finally:
+                prof.end_step()
+                prof.restore()
     n = len(prompts) * group
     for name, rows in times.items():
         gen = statistics.median(r[0] for r in rows)
@@ -83,6 +98,7 @@ def bench_flow_grpo(quick: bool = False) -> dict:
             "trained_transitions": rows[0][2],
             "sampling_images_per_s": n / gen,
             "training_images_per_s": n / upd,
+            "profile": profiles[name].summary(skip=0),
         }
     it = {k: out[k]["iteration_s"] for k in variants}
     out["sampling_images_per_s"] = out["reduced"]["sampling_images_per_s"]

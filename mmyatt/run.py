@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 import threading
@@ -200,6 +201,11 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
             shard=builders.build_shard(cfg, dist.rank, dist.world_size),
             eval_records=builders.eval_records(cfg, dist.rank, dist.world_size),
         )
+        profile_file = os.environ.get("MMYATT_STEP_PROFILE")  # set by `mmyatt bench text-grpo`
+        if profile_file:
+            from mmyatt.step_profile import profile_controller
+
+            profile_controller(ctl, rd / f"{profile_file}_rank{dist.rank}.json")
         loop(ctl, cfg, dist)
     finally:
         shutdown()

@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from mmyatt.rollout import Rollout
 
+from . import decode
 from .protocol import Sampling, seeded_generator
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
@@ -104,6 +105,8 @@ class TextPolicy:
         self._has_logits_to_keep = "logits_to_keep" in params
         # transformers 5.2x renamed past_key_values to cache (the old name is deprecated).
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # scoring runs a group's shared prompt once and gathers its cache to the rows
+        self._can_share_prefix = hasattr(self._new_cache(), "layers")
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -187,46 +190,47 @@ class TextPolicy:
         device = self._device()
         G, A = group_size, sampling.max_new_tokens
 
-        prompt_ids, prompt_mask = self._left_pad(self._encode_prompts(prompts), device)
-        prompt_ids = prompt_ids.repeat_interleave(G, 0)  # (N, P)
-        prompt_mask = prompt_mask.repeat_interleave(G, 0)  # (N, P)
-        N = prompt_ids.shape[0]
-        generators = [seeded_generator(s, device) for s in seeds]
-        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
-
-        actions = torch.full((N, A), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(N, A, dtype=torch.float32, device=device)
-        mask = torch.zeros(N, A, dtype=torch.float32, device=device)
-        finished = torch.zeros(N, dtype=torch.bool, device=device)
-        stopped = torch.zeros(N, dtype=torch.bool, device=device)
-
-        attn = prompt_mask
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
-        next_position = attn.sum(-1, keepdim=True)  # (N, 1) position of the first action
+        # Prefill each prompt once (B rows), then repeat its cache for the G samples.
+        prompt_b, mask_b = self._left_pad(self._encode_prompts(prompts), device)
+        positions = (mask_b.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
         cache = self._new_cache()
-        out = self._forward(prompt_ids, attn, positions, cache=cache, keep=1)
-        for t in range(A):
-            logits = self._tempered(out.logits[:, -1], temperature)  # (N, V) fp32
-            if sampling.greedy:
-                token = logits.argmax(-1)
-            else:
-                token = _sample(logits, sampling.top_p, generators, G)
-            live = ~finished
-            actions[:, t] = torch.where(live, token, self.pad_id)
-            chosen = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-            logprobs[:, t] = torch.where(live, chosen, 0.0)
-            mask[:, t] = live.float()
-            # The stop token is an action: it is kept (mask 1) and the row ends after it.
-            hit = live & torch.isin(token, eos)
-            if sampling.stop:
-                hit |= self._stop_string_hits(actions, t, live & ~hit, sampling.stop)
-            stopped |= hit
-            finished |= hit
-            if t == A - 1 or bool(finished.all()):
-                break
-            # Finished rows keep decoding (batch shapes stay fixed); their output is ignored.
-            attn = torch.cat([attn, attn.new_ones(N, 1)], 1)
-            out = self._forward(token[:, None], attn, next_position + t, cache=cache, keep=1)
+        out = self._forward(prompt_b, mask_b, positions, cache=cache, keep=1)
+        first_logits = out.logits[:, -1].repeat_interleave(G, 0)  # (N, V)
+        if G > 1:
+            cache.batch_repeat_interleave(G)
+        prompt_ids = prompt_b.repeat_interleave(G, 0)  # (N, P)
+        prompt_mask = mask_b.repeat_interleave(G, 0)  # (N, P)
+        P = prompt_ids.shape[1]
+        attn = decode.attention_buffer(prompt_mask, A)  # (N, P + A)
+        next_position = prompt_mask.sum(-1, keepdim=True)  # (N, 1) position of action 0
+
+        def forward_next(token: Tensor, t: int) -> Tensor:
+            cols = attn[:, : P + t + 1]
+            out = self._forward(token[:, None], cols, next_position + t, cache=cache, keep=1)
+            return out.logits[:, -1]
+
+        stop = None
+        if sampling.stop:
+
+            def stop(actions: Tensor, t: int, rows: Tensor) -> Tensor:
+                return self._stop_string_hits(actions, t, rows, sampling.stop)
+
+        res = decode.decode(
+            first_logits,
+            forward_next,
+            group=G,
+            max_new_tokens=A,
+            temperature=temperature,
+            greedy=sampling.greedy,
+            top_p=sampling.top_p,
+            banned=self._banned,
+            generators=[seeded_generator(s, device) for s in seeds],
+            eos=torch.tensor(sorted(self.eos_ids), dtype=torch.long),
+            pad_id=self.pad_id,
+            stop_hits=stop,
+        )
+        actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
+        N = actions.shape[0]
 
         lengths = mask.sum(-1).long().tolist()
         rows = actions.tolist()
@@ -261,8 +265,10 @@ class TextPolicy:
         """(N, A) differentiable log pi(a|s) under current weights, 0.0 where masked;
         with ``with_entropy`` also the (N, A) entropy of the tempered distribution.
 
-        One forward over prompt + completion with the sampling-time position ids and
-        temperature. Leading columns that are padding in every row and trailing action
+        A forward over prompt + completion (the prompt once per group, see
+        ``_action_logits``) with the sampling-time position ids and temperature; the
+        log-prob of each action is its logit minus the logsumexp, the full log-softmax
+        is only built for the entropy. Leading columns that are padding in every row and trailing action
         columns masked in every row are skipped: they cannot affect any kept value.
         """
         device = self._device()
@@ -280,18 +286,43 @@ class TextPolicy:
         last = int(live[-1]) + 1 if len(live) else 1  # action columns to score
         # Position P - 1 + k predicts action k, so the last action is never an input.
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self._forward(ids, attn, positions, keep=last)
-        logits = self._tempered(out.logits[:, -last:], temperature)  # (N, last, V)
-        logp_all = logits.log_softmax(-1)
+        logits = self._action_logits(ids, attn, P - first, last)  # (N, last, V)
+        logits = decode.temper(logits, temperature, self._banned)
         kept = mask[:, :last]
-        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
+        lp = decode.chosen_logprob(logits, actions[:, :last])
         # where, not multiply: a masked action (pad) can score -inf-like and 0 * -inf = NaN.
         lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
         if not with_entropy:
             return lp
-        entropy = -(logp_all.exp() * logp_all).sum(-1)  # banned ids: 0 * finite = 0
+        entropy = decode.entropy(logits)  # banned ids: 0 * finite = 0
         return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
+
+    def _action_logits(self, ids: Tensor, attn: Tensor, P: int, last: int) -> Tensor:
+        """(N, last, V) raw logits of positions P - 1 .. P + last - 2 of ``ids`` (N, L):
+        the ones that predict actions 0 .. last - 1.
+
+        Rows of one group carry the same prompt, so the prompt is run once per distinct
+        prompt (consecutive equal rows) and its keys and values are gathered to every
+        row of the group: autograd sums the group's gradients into the one prompt pass.
+        The same numbers as one forward over all rows, up to rounding (the attention of
+        the actions is split into a cached prefix and the rest, as in sampling).
+        """
+        first_row, owner = decode.share_prefix_rows(ids[:, :P], attn[:, :P])
+        if len(first_row) == ids.shape[0] or not self._can_share_prefix:
+            positions = (attn.cumsum(-1) - 1).clamp(min=0)
+            return self._forward(ids, attn, positions, keep=last).logits[:, -last:]
+        cache = self._new_cache()
+        p_ids, p_attn = ids[first_row, :P], attn[first_row, :P]
+        p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)
+        head = self._forward(p_ids, p_attn, p_pos, cache=cache, keep=1).logits[:, -1:]
+        head = head.index_select(0, owner)  # (N, 1, V): predicts action 0
+        if last == 1:
+            return head
+        for layer in cache.layers:  # (U, ...) -> (N, ...), differentiable
+            layer.batch_select_indices(owner)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
+        tail = self._forward(ids[:, P:], attn, positions, cache=cache).logits
+        return torch.cat([head, tail], 1)
 
     def sft_inputs(self, records: list[dict], target_key: str = "answer") -> dict[str, Tensor]:
         """Teacher-forcing batch: prompt (formatted as in ``generate``) + target + EOS.
@@ -348,11 +379,7 @@ class TextPolicy:
         Not -inf: exp still underflows to exactly 0, but p * log p stays 0 in the
         entropy instead of 0 * -inf = NaN.
         """
-        logits = logits.float() / temperature
-        if len(self._banned):
-            banned = self._banned.to(logits.device)
-            logits = logits.index_fill(-1, banned, torch.finfo(logits.dtype).min)
-        return logits
+        return decode.temper(logits, temperature, self._banned)
 
     def _forward(self, ids: Tensor, attn: Tensor, positions: Tensor, *, cache=None, keep: int = 0):
         kw = {self._cache_kwarg: cache}
@@ -443,25 +470,6 @@ class TextPolicy:
             if any(s in text for s in stops):
                 hits[i] = True
         return hits
-
-
-def _sample(logits: Tensor, top_p: float, generators: list[torch.Generator], group: int) -> Tensor:
-    """(N,) token ids from (N, V) tempered logits; rows i*group .. (i+1)*group - 1 draw
-    from ``generators[i]`` only, so a group never depends on the rest of the batch."""
-    probs = logits.softmax(-1)
-    if top_p < 1.0:
-        # Nucleus: keep the most likely tokens until their mass reaches top_p (at least
-        # one). Stable sort so ties keep index order, like argmax.
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        drop_sorted = mass_before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-    out = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    for i, g in enumerate(generators):
-        rows = slice(i * group, (i + 1) * group)
-        out[rows] = torch.multinomial(probs[rows], 1, generator=g).squeeze(-1)
-    return out
 
 
 def _eos_ids(model: nn.Module, tokenizer) -> set[int]:

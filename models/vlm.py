@@ -59,7 +59,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from mmyatt.models.text import _eos_ids, _sample  # one sampler for text and VLM
+from mmyatt.models import decode  # one decode loop for text and VLM
+from mmyatt.models.text import _eos_ids
 from mmyatt.rollout import Rollout
 
 from .protocol import Sampling, seeded_generator
@@ -321,40 +322,37 @@ class VLMPolicy:
         prompt_ids = ids_b.repeat_interleave(G, 0)
         prompt_mask = attn_b.repeat_interleave(G, 0)
         next_pos = positions_b[0, :, -1].repeat_interleave(G, 0) + 1  # (N,) first action
-        N = prompt_ids.shape[0]
-        generators = [seeded_generator(s, device) for s in seeds]
-        eos = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=device)
+        attn = decode.attention_buffer(prompt_mask, A)  # (N, P + A)
+        P = prompt_mask.shape[1]
 
-        actions = torch.full((N, A), self.pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros(N, A, dtype=torch.float32, device=device)
-        mask = torch.zeros(N, A, dtype=torch.float32, device=device)
-        finished = torch.zeros(N, dtype=torch.bool, device=device)
-        stopped = torch.zeros(N, dtype=torch.bool, device=device)
-        attn = prompt_mask
-        logits_t = last_logits
-        for t in range(A):
-            logits = self._tempered(logits_t, temperature)
-            token = (
-                logits.argmax(-1)
-                if sampling.greedy
-                else _sample(logits, sampling.top_p, generators, G)
-            )
-            live = ~finished
-            actions[:, t] = torch.where(live, token, self.pad_id)
-            chosen = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-            logprobs[:, t] = torch.where(live, chosen, 0.0)
-            mask[:, t] = live.float()
-            hit = live & torch.isin(token, eos)
-            if sampling.stop:
-                hit |= self._stop_string_hits(actions, t, live & ~hit, sampling.stop)
-            stopped |= hit
-            finished |= hit
-            if t == A - 1 or bool(finished.all()):
-                break
-            attn = torch.cat([attn, attn.new_ones(N, 1)], 1)
-            pos = (next_pos + t).view(1, N, 1).expand(3, N, 1)
-            out = self._forward(self.model, token[:, None], attn, pos, cache=cache, keep=1)
-            logits_t = out.logits[:, -1]
+        def forward_next(token: Tensor, t: int) -> Tensor:
+            pos = (next_pos + t).view(1, -1, 1).expand(3, -1, 1)
+            cols = attn[:, : P + t + 1]
+            out = self._forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
+            return out.logits[:, -1]
+
+        stop = None
+        if sampling.stop:
+
+            def stop(actions: Tensor, t: int, rows: Tensor) -> Tensor:
+                return self._stop_string_hits(actions, t, rows, sampling.stop)
+
+        res = decode.decode(
+            last_logits,
+            forward_next,
+            group=G,
+            max_new_tokens=A,
+            temperature=temperature,
+            greedy=sampling.greedy,
+            top_p=sampling.top_p,
+            banned=self._banned,
+            generators=[seeded_generator(s, device) for s in seeds],
+            eos=torch.tensor(sorted(self.eos_ids), dtype=torch.long),
+            pad_id=self.pad_id,
+            stop_hits=stop,
+        )
+        actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
+        N = actions.shape[0]
 
         lengths = mask.sum(-1).long().tolist()
         rows = actions.tolist()
@@ -734,12 +732,7 @@ class VLMPolicy:
         return next(self.model.parameters()).device
 
     def _tempered(self, logits: Tensor, temperature: float) -> Tensor:
-        logits = logits.float() / temperature
-        if len(self._banned):
-            logits = logits.index_fill(
-                -1, self._banned.to(logits.device), torch.finfo(logits.dtype).min
-            )
-        return logits
+        return decode.temper(logits, temperature, self._banned)
 
     def _left_pad(self, seqs: list[list[int]], width: int | None, device) -> tuple[Tensor, Tensor]:
         P = width if width is not None else max(len(s) for s in seqs)

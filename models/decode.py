@@ -1,0 +1,195 @@
+"""One token-by-token decode loop for every autoregressive adapter (text, VLM, judge).
+
+The adapter owns the model call (prefill, cache, positions, media); this module owns
+what happens to the logits: tempering, token bans, the draw, the log-prob of the draw,
+stopping, and the bookkeeping of actions and masks. Everything is done once per step on
+the whole (N, V) batch, in place where the logits are ours:
+
+* the draw is the exponential race that ``torch.multinomial(p, 1)`` itself uses
+  (argmax of p / q with q ~ Exp(1)), with each prompt's q drawn from its own generator
+  for a chunk of steps at once: the same q values, so the same tokens, as one
+  ``multinomial`` per prompt and step, in one division and one argmax per step;
+* the log-prob of the drawn token is its logit minus the row's logsumexp: the (N, V)
+  log-softmax is never built;
+* attention masks live in one pre-allocated (N, P + A) buffer that the adapter slices.
+
+Shapes: B prompts, G samples per prompt, N = B * G rows (groups contiguous), A the
+action budget, V the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# the functions `mmyatt.step_profile` times as "sampling" (the per-step logits math)
+SAMPLING_KERNELS = ("temper", "draw", "chosen_logprob")
+
+# noise drawn ahead per prompt: at most this many floats per chunk of steps
+_NOISE_CHUNK_ELEMS = 1 << 22
+
+
+def temper(logits: Tensor, temperature: float, banned: Tensor, *, inplace: bool = False) -> Tensor:
+    """(..., V) fp32 ``logits / temperature`` with ``banned`` ids at the most negative
+    float (not -inf: exp still gives exactly 0, and p * log p stays 0 in entropies).
+
+    ``inplace`` reuses ``logits`` when it is already fp32 (the caller must own it and
+    it must not need gradients). Division by 1.0 is skipped (it is exact anyway).
+    """
+    if logits.dtype != torch.float32:
+        logits, inplace = logits.float(), True
+    if temperature != 1.0:
+        logits = logits.div_(temperature) if inplace else logits / temperature
+    if len(banned):
+        banned = banned.to(logits.device)
+        fill = torch.finfo(logits.dtype).min
+        logits = (
+            logits.index_fill_(-1, banned, fill) if inplace else logits.index_fill(-1, banned, fill)
+        )
+    return logits
+
+
+def chosen_logprob(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log softmax(logits)[token] as logit[token] - logsumexp(logits): (..., V), (...) -> (...).
+
+    Equal to ``logits.log_softmax(-1).gather(-1, tokens[..., None])`` up to rounding
+    (the max is subtracted once, inside logsumexp, instead of from every logit)."""
+    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def entropy(logits: Tensor) -> Tensor:
+    """(..., V) -> (...) entropy of softmax(logits); banned ids (most negative float)
+    contribute exactly 0."""
+    logp = logits.log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class NoiseSource:
+    """Exp(1) noise per prompt for the exponential-race draw, ``chunk`` steps at a time.
+
+    Prompt i's noise for steps t .. t + chunk - 1 is one ``exponential_`` call on its
+    generator over a contiguous (chunk, G, V) block, which yields the same numbers as
+    ``chunk`` successive (G, V) calls: what ``torch.multinomial`` would draw.
+    """
+
+    def __init__(
+        self, generators: list[torch.Generator], group: int, vocab: int, steps: int, device
+    ):
+        self.generators, self.group, self.vocab = generators, group, vocab
+        per_step = max(len(generators) * group * vocab, 1)
+        self.chunk = max(1, min(steps, _NOISE_CHUNK_ELEMS // per_step))
+        self.buf = torch.empty(len(generators), self.chunk, group, vocab, device=device)
+        self._start = None
+
+    def at(self, t: int) -> Tensor:
+        """(B, G, V) noise of step t (steps are asked for in order)."""
+        if self._start is None or t >= self._start + self.chunk:
+            self._start = t
+            for i, g in enumerate(self.generators):
+                self.buf[i].exponential_(generator=g)
+        return self.buf[:, t - self._start]
+
+
+def draw(probs: Tensor, top_p: float, noise: Tensor) -> Tensor:
+    """(N,) tokens from (N, V) probabilities given (B, G, V) Exp(1) noise, N = B * G.
+
+    Top-p keeps the most likely tokens until their mass reaches ``top_p`` (at least one;
+    stable sort so ties keep index order, like argmax). ``probs`` may be modified.
+    """
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        drop = torch.zeros_like(mass_before, dtype=torch.bool).scatter_(
+            -1, order, mass_before >= top_p
+        )
+        probs = probs.masked_fill_(drop, 0.0)
+    b, g, v = noise.shape
+    return (probs.view(b, g, v) / noise).argmax(-1).reshape(-1)
+
+
+@dataclass
+class Decoded:
+    actions: Tensor  # (N, A) long, pad after the stop
+    logprobs: Tensor  # (N, A) fp32, 0 where masked
+    mask: Tensor  # (N, A) fp32, 1 on actions (the stop token included)
+    stopped: Tensor  # (N,) bool: ended by EOS or a stop string (not the budget)
+
+
+def decode(
+    first_logits: Tensor,
+    forward_next: Callable[[Tensor, int], Tensor],
+    *,
+    group: int,
+    max_new_tokens: int,
+    temperature: float,
+    greedy: bool,
+    top_p: float,
+    banned: Tensor,
+    generators: list[torch.Generator],
+    eos: Tensor,
+    pad_id: int,
+    stop_hits: Callable[[Tensor, int, Tensor], Tensor] | None = None,
+) -> Decoded:
+    """Sample up to ``max_new_tokens`` tokens per row.
+
+    ``first_logits`` (N, V): the logits after the prompt (they are overwritten).
+    ``forward_next(token (N,), t)`` feeds action t to the model and returns the (N, V)
+    logits that predict action t + 1 (also ours to overwrite). ``stop_hits(actions, t,
+    rows)`` -> (N,) bool marks rows (among ``rows``) that a stop string ends at step t.
+    Finished rows keep decoding so batch shapes stay fixed; their output is ignored.
+    Rows ``i * group .. (i + 1) * group - 1`` draw only from ``generators[i]``.
+    """
+    N, V = first_logits.shape
+    A, device = max_new_tokens, first_logits.device
+    actions = torch.full((N, A), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(N, A, dtype=torch.float32, device=device)
+    mask = torch.zeros(N, A, dtype=torch.float32, device=device)
+    finished = torch.zeros(N, dtype=torch.bool, device=device)
+    stopped = torch.zeros(N, dtype=torch.bool, device=device)
+    noise = None if greedy else NoiseSource(generators, group, V, A, device)
+    eos = eos.to(device)
+    raw = first_logits
+    for t in range(A):
+        logits = temper(raw, temperature, banned, inplace=True)
+        if greedy:
+            token = logits.argmax(-1)
+        else:
+            token = draw(logits.softmax(-1), top_p, noise.at(t))
+        live = ~finished
+        actions[:, t] = torch.where(live, token, pad_id)
+        logprobs[:, t] = torch.where(live, chosen_logprob(logits, token), 0.0)
+        mask[:, t] = live
+        # The stop token is an action: it is kept (mask 1) and the row ends after it.
+        hit = live & torch.isin(token, eos)
+        if stop_hits is not None:
+            hit |= stop_hits(actions, t, live & ~hit)
+        stopped |= hit
+        finished |= hit
+        if t == A - 1 or bool(finished.all()):
+            break
+        raw = forward_next(token, t)
+    return Decoded(actions, logprobs, mask, stopped)
+
+
+def attention_buffer(prompt_mask: Tensor, max_new_tokens: int) -> Tensor:
+    """(N, P + A) attention mask: the prompt's, then ones for every action slot. At
+    decode step t the model sees columns ``[: P + t + 1]`` (finished rows included:
+    their outputs are ignored)."""
+    n, _ = prompt_mask.shape
+    return torch.cat([prompt_mask, prompt_mask.new_ones(n, max_new_tokens)], 1)
+
+
+def share_prefix_rows(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows whose (ids, attention mask) equal the previous row's share its prefix.
+
+    Returns (first row of each run (U,), run index of every row (N,)): the prefix is
+    computed on ``ids[first]`` and row i takes run ``owner[i]``'s result."""
+    if ids.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=ids.device)
+        return empty, empty
+    same = (ids[1:] == ids[:-1]).all(-1) & (attn[1:] == attn[:-1]).all(-1)
+    starts = torch.cat([same.new_ones(1), ~same])
+    return starts.nonzero().squeeze(-1), starts.long().cumsum(0) - 1
