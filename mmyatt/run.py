@@ -159,6 +159,8 @@ def start_judges(cfg: RunConfig, rd: Path):
         threads=j.threads,
         log_dir=str(rd / "judges"),
         max_restarts=j.max_restarts,
+        backend=j.backend,
+        vllm_args=list(j.vllm_args),
     )
     print(
         f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "

@@ -82,6 +82,8 @@ class JudgePool:
         log_dir: str | Path | None = None,
         extra_args: Sequence[str] = (),
         max_restarts: int = 3,
+        backend: str = "mmyatt",
+        vllm_args: Sequence[str] = (),
         watch_interval_s: float = 0.5,
     ):
         self.urls: list[str] = []
@@ -140,6 +142,13 @@ class JudgePool:
                     env[API_KEY_ENV] = api_key
                 if devices:
                     env["CUDA_VISIBLE_DEVICES"] = str(devices[i % len(devices)])
+                if backend == "vllm":  # `vllm serve` children (mmyatt/engines/vllm_judge.py)
+                    from mmyatt.engines.vllm_judge import vllm_judge_child
+
+                    extra = [*vllm_args, *extra_args]
+                    cmd, env = vllm_judge_child(
+                        model_dir, i, base_port, port_file, env, api_key, max_batch, extra
+                    )
                 self._commands.append(cmd)
                 self._envs.append(env)
                 self.log_paths.append(logs / f"judge{i}.log")

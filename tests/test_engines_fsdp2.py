@@ -52,8 +52,14 @@ def test_fsdp2_reaches_the_replica_parameters(tmp_path):
     base = load_file(str(a / "base_model" / "model.safetensors"))
     moved = [k for k in wa if not torch.equal(wa[k], base[k.split(":", 1)[1]])]
     assert moved, "training moved no weight: the comparison would prove nothing"
+    # Tolerance: most tensors agree to 1e-7; the k_proj biases to ~6e-6. Their gradient
+    # is 0 in exact arithmetic (a bias on every key shifts each query's scores equally),
+    # so what AdamW normalises there is rounding noise, which differs with the reduction
+    # order (flat all-reduce vs reduce-scatter). The weights moved by ~3e-2.
     for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5, msg=k)
+        torch.testing.assert_close(wb[k], wa[k], atol=2e-5, rtol=0, msg=k)
+    movement = max(float((wa[k] - base[k.split(":", 1)[1]]).abs().max()) for k in moved)
+    assert movement > 100 * 2e-5
     la, lb = losses(a), losses(b)
     assert len(la) == 3 and any(x != 0 for x in la)
     torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), atol=1e-6, rtol=1e-5)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from mmyatt.rollout import Rollout
 
-IS_KEYS = ("is_abs_diff", "is_weight", "is_clipped")
+IS_KEYS = ("is_abs_diff_sum", "is_weight_sum", "is_clipped_sum")
 
 
 def truncated_is_weights(
@@ -44,17 +44,17 @@ def truncated_is_weights(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token TIS weights ``min(exp(trainer - engine), cap)`` (1 where masked, and
     everywhere when ``cap`` is 0), and per-sample sums for the step's metrics:
-    ``is_abs_diff`` (sum of |trainer - engine|), ``is_weight`` (sum of the weights
-    before the cap), ``is_clipped`` (tokens whose weight hit the cap), over kept tokens."""
+    ``is_abs_diff_sum`` (of |trainer - engine|), ``is_weight_sum`` (of the weights before
+    the cap), ``is_clipped_sum`` (tokens whose weight hit the cap), over kept tokens."""
     keep = mask.bool()
     diff = torch.where(keep, trainer_lp.float() - engine_lp.float(), 0.0)
     raw = torch.where(keep, diff.exp(), 1.0)
     w = raw.clamp(max=cap) if cap > 0 else torch.ones_like(raw)
     w = torch.where(keep, w, 1.0)
     sums = {
-        "is_abs_diff": diff.abs().sum(1),
-        "is_weight": torch.where(keep, raw, 0.0).sum(1),
-        "is_clipped": ((raw > cap) & keep).float().sum(1) if cap > 0 else torch.zeros(len(w)),
+        "is_abs_diff_sum": diff.abs().sum(1),
+        "is_weight_sum": torch.where(keep, raw, 0.0).sum(1),
+        "is_clipped_sum": ((raw > cap) & keep).float().sum(1) if cap > 0 else torch.zeros(len(w)),
     }
     return w, sums
 
@@ -68,9 +68,9 @@ def is_metrics(r: Rollout, dist) -> dict[str, float]:
     g = dist.sum_many(local)
     n = max(g["tokens"], 1.0)
     return {
-        "rollout/logprob_diff": g["is_abs_diff"] / n,
-        "rollout/is_weight_mean": g["is_weight"] / n,
-        "rollout/is_weight_clipped_frac": g["is_clipped"] / n,
+        "rollout/logprob_diff": g["is_abs_diff_sum"] / n,
+        "rollout/is_weight_mean": g["is_weight_sum"] / n,
+        "rollout/is_weight_clipped_frac": g["is_clipped_sum"] / n,
     }
 
 
@@ -180,7 +180,7 @@ class VLLMRolloutPolicy:
         t0 = time.perf_counter()
         weights = self._engine.full_weights(self._inner)
         llm = self.llm()
-        if hasattr(llm, "load_weights"):  # the test engine
+        if hasattr(llm, "load_weights"):  # an engine object that loads weights itself
             llm.load_weights(weights)
         else:
             items = [(k, v.detach()) for k, v in weights.items()]
@@ -241,30 +241,32 @@ class VLLMRolloutPolicy:
         r.context["is_weight"] = w
         r.context.update(sums)
 
-    def sampling_params(self, policy, sampling, group_size: int, seeds: list[int]):
-        """One vLLM SamplingParams per prompt (its seed), the adapter's token bans."""
-        import vllm
+    def sampling_params(self, policy, sampling, group_size: int, seeds: list[int]) -> list:
+        """One vLLM SamplingParams per prompt (its seed), with the adapter's token bans,
+        EOS ids and stop strings (kept in the output, as the adapter keeps them)."""
+        cls = getattr(self.llm(), "sampling_params_class", None)
+        if cls is None:
+            import vllm
 
+            cls = vllm.SamplingParams
         banned = set(policy._banned.tolist())
         allowed = [i for i in range(len(policy.tokenizer)) if i not in banned]
-        out = []
-        for seed in seeds:
-            out.append(
-                vllm.SamplingParams(
-                    n=group_size,
-                    temperature=0.0 if sampling.greedy else float(sampling.temperature),
-                    top_p=float(sampling.top_p),
-                    max_tokens=int(sampling.max_new_tokens),
-                    stop=list(sampling.stop) or None,
-                    include_stop_str_in_output=True,
-                    stop_token_ids=sorted(policy.eos_ids),
-                    seed=int(seed) % (2**31),
-                    logprobs=0,
-                    allowed_token_ids=allowed,
-                    skip_special_tokens=True,
-                )
+        return [
+            cls(
+                n=group_size,
+                temperature=0.0 if sampling.greedy else float(sampling.temperature),
+                top_p=float(sampling.top_p),
+                max_tokens=int(sampling.max_new_tokens),
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                stop_token_ids=sorted(policy.eos_ids),
+                seed=int(seed) % (2**31),
+                logprobs=0,
+                allowed_token_ids=allowed,
+                skip_special_tokens=True,
             )
-        return out
+            for seed in seeds
+        ]
 
     def rollout_stats(self, r: Rollout) -> dict[str, float]:
         out = is_metrics(r, self.dist)

