@@ -25,7 +25,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 # every benchmark, in the order `mmyatt bench all` runs them; bench NAME writes
 # bench/<NAME with _ for ->.json
-BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding")
+BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding", "engines")
 
 
 def bench_file(name: str) -> str:
@@ -72,6 +72,10 @@ def run_bench(name: str, quick: bool = False) -> dict:
         from mmyatt.flow_bench import bench_flow_grpo
 
         return bench_flow_grpo(quick)
+    if name == "engines":  # rollout and update engines (mmyatt/engines_bench.py)
+        from mmyatt.engines_bench import bench_engines
+
+        return bench_engines(quick)
     if name == "faults":
         from mmyatt.faults_bench import bench_faults
 

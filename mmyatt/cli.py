@@ -17,6 +17,7 @@ BENCHES = (
     "faults",
     "genrm",
     "data-sharding",
+    "engines",
 )  # = bench.BENCHES
 
 

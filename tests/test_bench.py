@@ -29,6 +29,7 @@ def test_bench_names_and_files_match_the_committed_ones():
         "faults.json",
         "genrm.json",
         "data_sharding.json",
+        "engines.json",
     }
     assert {p.name for p in (ROOT / "bench").glob("*.json")} <= files
 
