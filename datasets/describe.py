@@ -206,13 +206,19 @@ def write_describe_task(
     seed: int = 0,
     video_fraction: float = 0.25,
 ) -> dict[str, Path]:
-    """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
-    records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
+    """``train.jsonl`` (trained combinations only, palette and :data:`EXTRA_COLOURS`:
+    the extra colours come with every shape, so reading the shape cannot lean on the
+    colour; a tiny policy trained on the palette alone names the shape it saw most often
+    with a colour and never composes a held-out pair), ``test.jsonl`` (palette only:
+    ``n_eval`` held-out records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2``
+    seen) and
     ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
     ``media/`` (PNG images, GIF clips at 2 fps). Returns {"train", "test", "val"}."""
     root = Path(out_dir)
     splits = {
-        "train": describe_records(n_train, seed=2 * seed, video_fraction=video_fraction),
+        "train": describe_records(
+            n_train, seed=2 * seed, video_fraction=video_fraction, extra_colours=True
+        ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(n_eval, 2000 + seed, HELDOUT_VAL, MOTION_HELDOUT_VAL, video_fraction),
     }
