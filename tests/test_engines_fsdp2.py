@@ -168,3 +168,15 @@ def test_fsdp2_options_single_process(tmp_path):
 def test_engine_config_errors(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides, extra",
+    [(["train.backend=megatron"], "megatron"), (["rollout.backend=vllm"], "vllm")],
+)
+def test_missing_engine_fails_at_start_with_the_install_command(monkeypatch, overrides, extra):
+    import mmyatt.engines as engines
+
+    monkeypatch.setattr(engines, "available", lambda name: False)
+    with pytest.raises(ConfigError, match=rf"pip install 'mmyatt\[{extra}\]'"):
+        load_config(None, overrides)
