@@ -244,7 +244,14 @@ def test_nft_controller_step_with_a_latent_reward_skips_the_decode(tmp_path, mon
     assert torch.allclose(dict(ctl.nft.old.named_parameters())[n0], want)
     m2 = ctl.step()
     assert m2["nft/old_deviation"] > 0.0  # the trained policy now differs from the sampler
-    assert "nft_old" in ctl.shared_state()
+    # the sampling policy is part of the run state: a resumed run samples as before
+    state, local = ctl.shared_state(), ctl.local_state()
+    saved = {k: v.clone() for k, v in state["nft_old"].items()}
+    with torch.no_grad():
+        for p in ctl.nft.old.parameters():
+            p.add_(1.0)
+    ctl.load_state(state, local)
+    assert all(torch.equal(v, saved[k]) for k, v in ctl.nft.old.state_dict().items())
 
 
 def test_pixel_rewards_decode_and_mixing_is_refused(tmp_path):
