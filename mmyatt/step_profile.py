@@ -135,6 +135,7 @@ def instrument_text_policy(prof: StepProfile, policy) -> None:
     from mmyatt.models import decode
 
     prof.patch(policy.model, "forward", "forward")
+    prof.patch(decode.StaticKVDecoder, "step", "forward")  # decode steps past model.forward
     for name in decode.SAMPLING_KERNELS:
         prof.patch(decode, name, "sampling")
     prof.patch(policy.tokenizer, "batch_decode", "outputs")

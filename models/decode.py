@@ -193,3 +193,93 @@ def share_prefix_rows(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor]:
     same = (ids[1:] == ids[:-1]).all(-1) & (attn[1:] == attn[:-1]).all(-1)
     starts = torch.cat([same.new_ones(1), ~same])
     return starts.nonzero().squeeze(-1), starts.long().cumsum(0) - 1
+
+
+# --- a decode step over a pre-allocated KV cache (Llama-family causal LMs) -------------
+_STATIC_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class StaticKVDecoder:
+    """One-token decode steps of a Llama-family model (Llama, Qwen2, Qwen3, Mistral) over
+    keys and values pre-allocated for the whole rollout.
+
+    The model's own modules compute everything (embeddings, norms, projections, RoPE
+    tables, MLPs, head); what is ours is the cache (written in place, never
+    concatenated) and the attention of the one new query against it: grouped matmuls
+    and a softmax in fp32 with an additive mask for the prompt's left padding. Built
+    from the Hugging Face cache after the prefill. ``supports(model)`` says when it
+    applies; otherwise the adapter decodes with the model's ``forward``.
+    """
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = getattr(model, "config", None)
+        base = getattr(model, "model", None)
+        if cfg is None or base is None or getattr(cfg, "model_type", None) not in _STATIC_TYPES:
+            return False
+        if getattr(cfg, "use_sliding_window", False) or (
+            cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)
+        ):
+            return False
+        if model.training and getattr(cfg, "attention_dropout", 0.0):
+            return False
+        needed = ("embed_tokens", "layers", "norm", "rotary_emb")
+        if not (all(hasattr(base, k) for k in needed) and hasattr(model, "lm_head")):
+            return False
+        parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+        for m in (model, *base.layers):  # plain layers only: no sharding or checkpoint wrappers
+            if "FSDP" in type(m).__name__:
+                return False
+        return all(hasattr(layer, k) for layer in base.layers for k in parts)
+
+    def __init__(self, model, cache, prompt_mask: Tensor, max_new_tokens: int):
+        import sys
+
+        self.model, self.base = model, model.model
+        self.layers = list(self.base.layers)
+        attn0 = self.layers[0].self_attn
+        self.rope = sys.modules[type(attn0).__module__].apply_rotary_pos_emb
+        n, p = prompt_mask.shape
+        self.P = p
+        self.keys, self.values = [], []
+        for i, layer in enumerate(cache.layers[: len(self.layers)]):
+            k, v = layer.keys, layer.values  # (N, Hkv, P, D)
+            if k.shape[0] != n or k.shape[2] != p:
+                raise ValueError(
+                    f"cache layer {i} has shape {tuple(k.shape)}, rows {n} x {p} needed"
+                )
+            buf_k = k.new_empty(n, k.shape[1], p + max_new_tokens, k.shape[3])
+            buf_v = v.new_empty(n, v.shape[1], p + max_new_tokens, v.shape[3])
+            buf_k[:, :, :p] = k
+            buf_v[:, :, :p] = v
+            self.keys.append(buf_k)
+            self.values.append(buf_v)
+        # additive mask over cache columns: the prompt's padding never attends
+        self.bias = torch.zeros(n, 1, 1, p + max_new_tokens, dtype=torch.float32, device=k.device)
+        self.bias[:, 0, 0, :p].masked_fill_(prompt_mask == 0, torch.finfo(torch.float32).min)
+
+    def step(self, token: Tensor, positions: Tensor, t: int) -> Tensor:
+        """Logits (N, V) after feeding ``token`` (N,) at ``positions`` (N, 1) into cache
+        column P + t (action t)."""
+        col = self.P + t
+        h = self.base.embed_tokens(token[:, None])  # (N, 1, D)
+        cos, sin = self.base.rotary_emb(h, positions)
+        n = h.shape[0]
+        for layer, ks, vs in zip(self.layers, self.keys, self.values):
+            a = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = a.q_proj(x).view(n, 1, -1, a.head_dim)
+            k = a.k_proj(x).view(n, 1, -1, a.head_dim)
+            if hasattr(a, "q_norm"):  # Qwen3
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            ks[:, :, col : col + 1] = k
+            vs[:, :, col : col + 1] = a.v_proj(x).view(n, 1, -1, a.head_dim).transpose(1, 2)
+            kv_heads = ks.shape[1]
+            qg = q.reshape(n, kv_heads, -1, a.head_dim)  # (N, Hkv, group, D)
+            scores = torch.matmul(qg, ks[:, :, : col + 1].transpose(-1, -2)) * a.scaling
+            scores = (scores.float() + self.bias[..., : col + 1]).softmax(-1).to(q.dtype)
+            out = torch.matmul(scores, vs[:, :, : col + 1])  # (N, Hkv, group, D)
+            h = h + a.o_proj(out.reshape(n, 1, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(self.base.norm(h))[:, -1]

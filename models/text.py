@@ -105,6 +105,9 @@ class TextPolicy:
         self._has_logits_to_keep = "logits_to_keep" in params
         # transformers 5.2x renamed past_key_values to cache (the old name is deprecated).
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # decode steps over a pre-allocated cache where the architecture allows it
+        # (models/decode.py StaticKVDecoder); False: every step through model.forward
+        self.static_decode = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
         self._can_share_prefix = hasattr(self._new_cache(), "layers")
 
@@ -208,6 +211,16 @@ class TextPolicy:
             cols = attn[:, : P + t + 1]
             out = self._forward(token[:, None], cols, next_position + t, cache=cache, keep=1)
             return out.logits[:, -1]
+
+        if (
+            self.static_decode
+            and self._can_share_prefix
+            and decode.StaticKVDecoder.supports(self.model)
+        ):
+            static = decode.StaticKVDecoder(self.model, cache, prompt_mask, A)
+
+            def forward_next(token: Tensor, t: int) -> Tensor:  # noqa: F811 (the fast path)
+                return static.step(token, next_position + t, t)
 
         stop = None
         if sampling.stop:

@@ -172,3 +172,25 @@ def test_same_tokens_logprobs_and_loss_as_before(policy, case):
     weights = torch.linspace(-1, 1, lp.shape[0])[:, None]
     total = (lp * weights).sum() + 0.1 * ent.sum()
     assert float(total.detach()) == pytest.approx(loss, abs=2e-3)
+
+
+def test_static_kv_decode_equals_model_forward_decode(policy, monkeypatch):
+    """The pre-allocated-cache decode step against the model's own forward with a
+    Hugging Face cache: same tokens, log-probs equal to rounding; left-padded prompts."""
+    assert decode.StaticKVDecoder.supports(policy.model)
+    calls = []
+    step = decode.StaticKVDecoder.step
+    monkeypatch.setattr(
+        decode.StaticKVDecoder, "step", lambda self, *a: calls.append(1) or step(self, *a)
+    )
+    s = Sampling(temperature=0.9, max_new_tokens=7)
+    fast = policy.generate([dict(p) for p in PROMPTS], 2, s, [5, 6, 7, 8])
+    assert len(calls) == 6  # every step after the first came from the static decoder
+    policy.static_decode = False
+    try:
+        slow = policy.generate([dict(p) for p in PROMPTS], 2, s, [5, 6, 7, 8])
+    finally:
+        policy.static_decode = True
+    assert len(calls) == 6
+    assert torch.equal(fast.actions, slow.actions)
+    assert torch.allclose(fast.logprobs, slow.logprobs, atol=1e-5)
