@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/generated_mean")
 
@@ -52,6 +53,7 @@ def reward_curves(metrics: pd.DataFrame) -> Figure:
         ax.fill_between(m.index, m - sd, m + sd, alpha=0.15, label="± std")
     ax.set_title("training reward")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ax.lines:
         ax.legend(fontsize=8)
     else:
@@ -66,6 +68,7 @@ def reward_curves(metrics: pd.DataFrame) -> Figure:
         bx.plot(s.index, s.values, marker="o", label=k, lw=1.2)
     bx.set_title("evaluation")
     bx.set_xlabel("step")
+    bx.xaxis.set_major_locator(MaxNLocator(integer=True))
     if bx.lines:
         bx.legend(fontsize=8)
     else:
@@ -101,6 +104,7 @@ def component_curves(metrics: pd.DataFrame) -> Figure:
             ax.plot(s.index, s.values, marker="o", lw=1.2, label="eval")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -123,6 +127,7 @@ def timing_plot(metrics: pd.DataFrame) -> Figure:
         ax.legend(fontsize=8, loc="upper left", ncol=3)
     ax.set_title("seconds per step, by phase")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
 
@@ -166,11 +171,13 @@ def group_spread_plot(spread: pd.DataFrame) -> Figure:
     ax.plot(by_step["range"].mean(), marker="s", label="mean within-group range")
     ax.set_title("spread within prompt groups")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     bx.plot(by_step["flat"].mean(), marker="o", color="#c44e52")
     bx.set_ylim(-0.05, 1.05)
     bx.set_title("share of groups with equal rewards")
     bx.set_xlabel("step")
+    bx.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
 

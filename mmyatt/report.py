@@ -33,15 +33,16 @@ h1{margin-bottom:0} h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-to
 table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;padding:3px 6px;
   vertical-align:top} th{background:#f4f4f4;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
+.samples img{width:64px;height:64px;image-rendering:pixelated}
+.pos{color:#1a7f37} .neg{color:#b42318}
+img.fig{max-width:100%}
+"""
+CARD_CSS = """
 .cards{display:flex;flex-wrap:wrap;gap:10px}
 .card{border:1px solid #ddd;border-radius:6px;padding:8px;width:230px;font-size:12px;
-  background:#fafafa}
-.card img,.samples img{image-rendering:pixelated}
-.card img{width:128px;height:128px;display:block;margin-bottom:4px}
-.samples img{width:64px;height:64px}
-.pos{color:#1a7f37} .neg{color:#b42318}
+  background:#fafafa;color:#222}
+.card img{width:128px;height:128px;display:block;margin-bottom:4px;image-rendering:pixelated}
 .q{color:#666;font-style:italic} code{font-size:12px;background:#f0f0f0;padding:0 2px}
-img.fig{max-width:100%}
 """
 
 
@@ -142,6 +143,13 @@ def _card(run: Run, idx, row: pd.Series) -> str:
         f"<div>step {int(row['step'])} · rank {int(row['rank'])} · {_e(row['prompt_id'])}</div>"
         f'<div class="q">{_e(row.get("prompt"))}</div>{_verdicts_html(run, row)}{comps}</div>'
     )
+
+
+def sample_cards(run: Run, rows) -> str:
+    """HTML cards (image or text, prompt, reward, advantage, verdicts, every component)
+    for rollout rows given by index; a notebook shows them with ``display(HTML(...))``."""
+    cards = "".join(_card(run, i, run.rollouts.loc[i]) for i in rows)
+    return f"<style>{CARD_CSS}</style><div class=cards>{cards}</div>"
 
 
 def best_worst_section(run: Run, k: int = 8) -> str:
@@ -267,7 +275,7 @@ def render(run: Run) -> str:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         "<!doctype html><html><head><meta charset=utf-8>"
-        f"<title>mmyatt run {_e(run.name)}</title><style>{CSS}</style></head><body>"
+        f"<title>mmyatt run {_e(run.name)}</title><style>{CSS}{CARD_CSS}</style></head><body>"
         f"<h1>{_e(run.name)}</h1><div class=meta>{_e(run.path)} · model {_e(model.get('kind'))} "
         f"{_e(model.get('path') or '')} · advantage {_e(algo.get('advantage'))} · rewards: "
         f"{_e(rewards)} · {len(r)} logged samples over {n_steps} steps · report written {when}"
