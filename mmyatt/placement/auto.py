@@ -209,7 +209,7 @@ class AutoPlacer:
             self.current = best
         self.reason = due
         others = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.predictions.items()))
-        verb = "picks" if self.current != old or due == "profiling" else "keeps"
+        verb = "picks" if self.current != old or due == "profiled" else "keeps"
         return self.current, f"{due}: auto {verb} {self.key(self.current)} (predicted {others})"
 
     def predicted(self, plan: CorePlan) -> float | None:

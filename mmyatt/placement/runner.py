@@ -43,7 +43,8 @@ class Placement:
             cfg.reward.judge.model or cfg.reward.judge.urls
         )
         self.judges = None
-        if dist.is_main and self.has_judge and p.mode != "shared":
+        if dist.is_main and self.has_judge and (p.mode != "shared" or p.log_memory):
+            # shared mode only reads the judges' counters (CPU, busy time, memory)
             from mmyatt.placement.judges import JudgeControl
 
             j = cfg.reward.judge
@@ -119,12 +120,17 @@ class Placement:
             self._begin_step()
         plan = self.plan
         if plan is None:  # shared
+            self._phase_start()
             t0 = time.perf_counter()
             with timer("generate"):
                 r = ctl.generate(records, sampling)
             self._acc["gen_s"] += time.perf_counter() - t0
+            self._phase_end("generate")
+            self._phase_start()
             with timer("reward"):
                 r = ctl.score(r)
+            self._phase_end("judge")
+            self._phase_start()
         elif plan.mode == "partial":
             r = self._partial(ctl, records, sampling, timer, plan)
         else:
@@ -227,8 +233,7 @@ class Placement:
         end = time.perf_counter()
         step_s = end - self._t0
         train_s = end - self._collect_end  # advantages, log-probs, update: every core
-        if self.plan is not None:
-            self._phase_end("train")
+        self._phase_end("train")
         j1 = self._judge_stats()
         jd = {k: j1.get(k, 0.0) - self._judge0.get(k, 0.0) for k in j1}
         W = self.dist.world_size
@@ -298,7 +303,7 @@ class Placement:
         return out
 
     def _peak_keys(self) -> list[str]:
-        if not self.cfg.placement.log_memory or self.mode == "shared":
+        if not self.cfg.placement.log_memory:
             return []
         return ["peak_generate", "peak_judge", "peak_train"]
 
