@@ -312,6 +312,45 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
+ATTRIBUTE_QUESTIONS = {
+    "colour": "What colour is the object?",
+    "shape": "What shape is the object?",
+    "direction": "Which way does the object move?",
+}
+
+
+def attribute_judge_records(
+    n: int, *, seed: int, video_fraction: float = 0.25, **kwargs
+) -> list[dict]:
+    """``n`` one-attribute checks in the judge's format: "What colour is the object?" /
+    "What shape ...?" / "Which way does it move?" (clips) answered with one word, half
+    true, half another value. They teach the comparison one attribute at a time, which
+    a judge that only ever reads whole descriptions is slow to learn."""
+    rng = np.random.default_rng([seed, 13])
+    base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
+    palette = [*COLOURS, *EXTRA_COLOURS]
+    options = {"colour": palette, "shape": list(SHAPES), "direction": list(DIRECTIONS)}
+    out = []
+    for i, rec in enumerate(base):
+        keys = ["colour", "shape"] + (["direction"] if rec["direction"] else [])
+        key = keys[int(rng.integers(len(keys)))]
+        positive = (i // 4 + i) % 2 == 0
+        value = rec[key] if positive else _wrong(options[key], rec[key], rng)
+        media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
+        out.append(
+            {
+                **{k: rec[k] for k in ("id", "colour", "shape", "direction", "task")},
+                "image": media,
+                "prompt": JUDGE_TEMPLATE.format(prompt=ATTRIBUTE_QUESTIONS[key], output=value),
+                "output": value,
+                "answer": "Yes" if positive else "No",
+                "negative_type": None if positive else f"attribute_{key}",
+            }
+        )
+    order = rng.permutation(n)
+    return [out[i] for i in order]
+
+
 def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) -> list[dict]:
     """``n`` Yes/No records for the description judge: half correct descriptions, half
     negatives cycling through :data:`JUDGE_NEGATIVES` (direction only for clips). Each

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mmyatt.datasets.describe import JUDGE_NEGATIVES, judge_records
+from mmyatt.datasets.describe import JUDGE_NEGATIVES, attribute_judge_records, judge_records
 from mmyatt.datasets.shapes import (
     HELDOUT_TEST,
     HELDOUT_VAL,
@@ -88,6 +88,29 @@ def eval_sets(n: int, *, split: str, seed: int = 0) -> dict[str, list[dict]]:
     }
 
 
+def training_batch(
+    n: int, *, seed: int, extra_colours: bool = True, mix=(0.4, 0.4, 0.2)
+) -> list[dict]:
+    """One shuffled batch: ``mix`` = shares of whole-description checks
+    (:func:`judge_records`), one-attribute checks (:func:`attribute_judge_records`) and the
+    base judge's own format ("Does this image show a red circle?",
+    :func:`mmyatt.datasets.vision_tasks.judge_training_mix` with its colour and shape
+    questions), none showing or naming a held-out combination."""
+    from mmyatt.datasets.shapes import HELDOUT
+    from mmyatt.datasets.vision_tasks import judge_training_mix
+
+    n_attr = int(round(n * mix[1]))
+    n_base = int(round(n * mix[2]))
+    n_desc = n - n_attr - n_base
+    out = judge_records(n_desc, seed=seed, extra_colours=extra_colours) if n_desc else []
+    if n_attr:
+        out += attribute_judge_records(n_attr, seed=seed + 17, extra_colours=extra_colours)
+    if n_base:
+        out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT)
+    order = np.random.default_rng([seed, 14]).permutation(len(out))
+    return [out[i] for i in order]
+
+
 def train_describe_judge(
     out_dir: str | Path,
     *,
@@ -100,6 +123,7 @@ def train_describe_judge(
     seed: int = 0,
     max_prompt_tokens: int = 160,
     extra_colours: bool = True,
+    mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -128,8 +152,8 @@ def train_describe_judge(
         for g in opt.param_groups:
             g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps)))
         model.train()
-        batch = judge_records(
-            batch_size, seed=1_000 * (seed + 1) + step, extra_colours=extra_colours
+        batch = training_batch(
+            batch_size, seed=1_000 * (seed + 1) + step, extra_colours=extra_colours, mix=mix
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
