@@ -9,8 +9,9 @@ TensorBoard is a dependency and is written by the logger itself (``tensorboard/`
 rollout table goes in as a Markdown text). wandb and mlflow are optional
 (``pip install 'mmyatt[trackers]'``) and offline by default: wandb runs with
 ``mode=offline`` under ``<run dir>/wandb`` (upload later with ``wandb sync``), mlflow
-writes a file store under ``<run dir>/mlruns`` unless ``logging.mlflow_uri`` names a
-server. A tracker that is requested but not installed fails when the config is
+writes a file store under ``<run dir>/mlruns`` (mlflow 3 keeps that store behind
+``MLFLOW_ALLOW_FILE_STORE``, which is set for it) unless ``logging.mlflow_uri`` names a
+server or database. A tracker that is requested but not installed fails when the config is
 validated, before anything starts, with the command that installs it.
 
 Left out on purpose: resuming the same wandb/mlflow run after a restart (a resumed run
@@ -20,6 +21,7 @@ opens a new tracker run; metrics.jsonl and TensorBoard are truncated and continu
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -148,7 +150,10 @@ class MlflowTracker:
         from mmyatt.config import to_dict
 
         self.mlflow = mlflow
-        uri = cfg.logging.mlflow_uri or (Path(run_dir).resolve() / "mlruns").as_uri()
+        uri = cfg.logging.mlflow_uri
+        if uri is None:  # the local file store: mlflow 3 keeps it behind an explicit opt-in
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (Path(run_dir).resolve() / "mlruns").as_uri()
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(cfg.logging.project)
         self.run = mlflow.start_run(run_name=cfg.name)

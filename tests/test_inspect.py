@@ -214,3 +214,47 @@ def test_requested_tracker_that_is_missing_names_the_install_command():
     with pytest.raises(ConfigError, match=r"logging.trackers.*pip install"):
         load_config(None, [f"logging.trackers=[tensorboard, {missing[0]}]"])
     load_config(None, ["logging.trackers=[]"])  # no tracker at all is fine
+
+
+def log_to_trackers(tmp_path: Path, tracker: str):
+    """A logger with one tracker: two steps of scalars, an eval grid, a rollout table."""
+    from mmyatt.config import load_config
+    from mmyatt.trackers import make_logger
+
+    cfg = load_config(None, [f"logging.trackers=[{tracker}]", "name=tracked"])
+    logger = make_logger(cfg, tmp_path, enabled=True)
+    logger.log(1, {"reward/mean": 0.25, "train/loss": 1.5})
+    logger.log(2, {"reward/mean": 0.5, "train/loss": 1.0, "eval/reward/mean": float("nan")})
+    logger.add_image("samples/eval", Image.new("RGB", (16, 8), (255, 0, 0)), 2)
+    logger.log_rollouts(2, write_rollouts(tmp_path, 0, 2, handmade_rollout(), cap=4))
+    logger.close()
+    return cfg
+
+
+def test_wandb_offline_gets_scalars_grids_and_the_rollout_table(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_to_trackers(tmp_path, "wandb")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    tables = list(runs[0].rglob("rollouts_*.table.json"))
+    assert tables, "no rollout table"
+    table = json.loads(tables[0].read_text())
+    assert len(table["data"]) == 4 and "verdicts" in table["columns"]
+    assert list(runs[0].rglob("samples/eval_*.png"))
+
+
+def test_mlflow_file_store_gets_scalars_grids_and_the_rollout_table(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    log_to_trackers(tmp_path, "mlflow")
+    client = MlflowClient((tmp_path / "mlruns").resolve().as_uri())
+    [exp] = [e for e in client.search_experiments() if e.name == "mmyatt"]
+    [run] = client.search_runs([exp.experiment_id])
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.25), (2, 0.5)]
+    assert run.data.params["name"] == "tracked"
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "rollouts")}
+    assert "rollouts/step_000002.json" in arts
+    assert client.list_artifacts(run.info.run_id, "samples/eval")
