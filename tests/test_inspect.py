@@ -258,3 +258,23 @@ def test_mlflow_file_store_gets_scalars_grids_and_the_rollout_table(tmp_path):
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "rollouts")}
     assert "rollouts/step_000002.json" in arts
     assert client.list_artifacts(run.info.run_id, "samples/eval")
+
+
+def test_clips_and_record_media_are_logged(tmp_path):
+    r = handmade_rollout()
+    r.outputs = [[Image.new("RGB", (8, 8), (0, 9 * k, 0)) for k in range(3)] for _ in range(6)]
+    r.records = [{"prompt": "p", "video": "clips/a.mp4"} for _ in range(6)]
+    rows = write_rollouts(tmp_path, 1, 3, r, cap=2)
+    assert rows[0]["media"] == {"video": "clips/a.mp4"}
+    assert rows[0]["output_file"].endswith(".gif")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 3, "reward/mean": 0.1}\n')
+    run = load_run(tmp_path)
+    frames = run.media(0)
+    assert isinstance(frames, list) and len(frames) == 3
+    assert "data:image/gif;base64," in write_report(tmp_path).read_text()
+
+
+def test_report_of_a_run_without_rollouts(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/reward/mean": 0.2}\n')
+    html = write_report(tmp_path).read_text()
+    assert "No rollouts logged" in html and "0.2000" in html
