@@ -25,7 +25,17 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 # every benchmark, in the order `mmyatt bench all` runs them; bench NAME writes
 # bench/<NAME with _ for ->.json
-BENCHES = ("text-grpo", "flow-grpo", "checkpoint", "faults", "genrm", "data-sharding", "engines")
+BENCHES = (
+    "text-grpo",
+    "flow-grpo",
+    "checkpoint",
+    "faults",
+    "genrm",
+    "data-sharding",
+    "engines",
+    "placement",
+    "placement-sim",  # after placement: it is validated against placement.json
+)
 
 
 def bench_file(name: str) -> str:
@@ -80,6 +90,14 @@ def run_bench(name: str, quick: bool = False) -> dict:
         from mmyatt.faults_bench import bench_faults
 
         return bench_faults(quick)
+    if name == "placement":
+        from mmyatt.placement.bench import bench_placement
+
+        return bench_placement(quick)
+    if name == "placement-sim":
+        from mmyatt.placement.simulate import bench_placement_sim
+
+        return bench_placement_sim(quick)
     raise ValueError(f"unknown benchmark {name!r}")
 
 

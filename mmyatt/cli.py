@@ -18,6 +18,8 @@ BENCHES = (
     "genrm",
     "data-sharding",
     "engines",
+    "placement",
+    "placement-sim",
 )  # = bench.BENCHES
 
 

@@ -30,6 +30,8 @@ def test_bench_names_and_files_match_the_committed_ones():
         "genrm.json",
         "data_sharding.json",
         "engines.json",
+        "placement.json",
+        "placement_sim.json",
     }
     assert {p.name for p in (ROOT / "bench").glob("*.json")} <= files
 

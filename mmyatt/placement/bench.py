@@ -1,0 +1,219 @@
+"""`mmyatt bench placement`: every placement mode side by side on 2 cores.
+
+One invocation builds a tiny text policy and a tiny text judge, then runs `mmyatt
+train` (2 controllers, the judge served by a child process) once per workload and mode,
+one after another, and reads each run's own per-step measurements (metrics.jsonl):
+
+- judge_heavy: a GenRM term whose judge writes ``JUDGE_TOKENS`` tokens per sample
+  (score mode, greedy) next to a rule; the policy stops at any of a few common
+  characters, so completion lengths are geometric with a cap (a long tail; the
+  measured percentiles are in the JSON);
+- rollout_heavy: the same policy and lengths, a rule reward only (no judge);
+- drifting: the rule-only workload for ``S`` steps, then the run is resumed from its
+  checkpoint with the GenRM term added (a judge that grows expensive mid-run); every
+  arm runs the same two segments, auto re-profiles after the restart.
+
+Figures: mean step seconds over the measured steps (the first step of every run or
+segment is warm-up and left out, in every arm alike), ratios of those, per-role idle
+fractions and CPU use (``placement/*``), per-mode peak RSS summed over controllers and
+judge (the largest per-phase peak of the run), and auto's choices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("shared", "colocate", "partial", "auto")
+JUDGE_TOKENS = 16
+STOP = ["e", "1"]  # a completion token holding one of these ends it: geometric lengths
+
+CORPUS = [
+    "Question: 12+30= Answer: 42 Is the answer correct? Score: 7",
+    "Question: 8+5= Answer: 13 Score: 3 the rate of a tone at noon",
+] * 60
+
+
+def _base(policy: Path, steps: int) -> list[str]:
+    return [
+        f"model.path={policy}",
+        "model.max_prompt_tokens=8",
+        "data.synthetic_train_size=2000",
+        "data.synthetic_eval_size=8",
+        "data.eval_prompts=8",
+        "data.prompts_per_step=8",
+        "sampling.group_size=8",
+        "sampling.max_new_tokens=48",
+        f"sampling.stop={json.dumps(STOP)}",
+        "algorithm.dynamic_sampling=false",
+        "sft.enabled=false",
+        f"trainer.steps={steps}",
+        "trainer.max_minutes=null",
+        "trainer.eval_every=0",
+        "trainer.save_rollouts_every=0",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        "distributed.nproc=2",
+        "placement.profile_steps=1",
+    ]
+
+
+def _judge(judge: Path) -> list[str]:
+    return [
+        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
+        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {JUDGE_TOKENS}}}}}]",
+        f"reward.judge.model={judge}",
+        "reward.judge.max_batch=64",
+    ]
+
+
+RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
+
+
+def _train(run_dir: Path, overrides: list[str]) -> None:
+    from mmyatt.bench import CONFIGS
+
+    cmd = [sys.executable, "-m", "mmyatt", "train", str(CONFIGS / "text_grpo_tiny.yaml")]
+    cmd += ["--run-dir", str(run_dir), *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"placement bench run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+
+
+def _rows(run_dir: Path, first: int = 1) -> list[dict]:
+    from mmyatt.metrics import read_metrics
+
+    return [r for r in read_metrics(run_dir) if "timing/step_s" in r and r["step"] >= first]
+
+
+def _summary(rows: list[dict]) -> dict:
+    """Measured steps (warm-up left out by the caller) -> the figures of one arm."""
+
+    def mean(key):
+        vals = [r[key] for r in rows if isinstance(r.get(key), int | float)]
+        return statistics.fmean(vals) if vals else None
+
+    out = {
+        "steps_measured": len(rows),
+        "step_s": mean("timing/step_s"),
+        "total_s": sum(r["timing/step_s"] for r in rows),
+        "modes_run": [r.get("placement/mode") for r in rows],
+        "splits_run": [r.get("placement/split") for r in rows],
+        "cpu_util": mean("placement/cpu_util"),
+        "idle_frac": {
+            role: mean(f"placement/idle_frac_{role}")
+            for role in ("rollout", "judge", "train", "cores")
+        },
+        "phase_s": {k: mean(f"placement/{k}") for k in ("gen_s", "train_s", "judge_busy_s")},
+        "judge_reload_s": mean("placement/judge_reload_s"),
+        "peak_rss_mb": max((r.get("placement/peak_rss_mb", 0.0) for r in rows), default=None),
+        "peak_rss_mb_by_phase": {
+            ph: max((r.get(f"placement/peak_rss_mb_{ph}", 0.0) for r in rows), default=0.0)
+            for ph in ("generate", "judge", "train")
+        },
+        "response_length_mean": mean("response_length/mean"),
+        "response_truncated_frac": mean("response_length/truncated_frac"),
+    }
+    pred = [
+        (r["placement/predicted_step_s"], r["timing/step_s"])
+        for r in rows
+        if "placement/predicted_step_s" in r
+    ]
+    if pred:
+        out["auto_predicted_vs_actual"] = [[round(p, 4), round(a, 4)] for p, a in pred]
+    return out
+
+
+def _arm(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
+    rd = tmp / name
+    t0 = time.perf_counter()
+    _train(rd, overrides + [f"trainer.steps={steps}"])
+    out = _summary(_rows(rd, first=2))
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int) -> dict:
+    """Segment A (rule only) then segment B (judge added), resumed from A's checkpoint."""
+    rd = tmp / name
+    t0 = time.perf_counter()
+    ck = ["checkpoint.save_every=" + str(seg), "checkpoint.async_save=false"]
+    _train(rd, base + RULE + ck + [f"trainer.steps={seg}"])
+    a = _rows(rd, first=2)
+    _train(rd, base + judge + ck + [f"trainer.steps={2 * seg}"])
+    b = _rows(rd, first=seg + 2)
+    out = {"segment_rule": _summary(a), "segment_judge": _summary(b)}
+    out["total_s"] = out["segment_rule"]["total_s"] + out["segment_judge"]["total_s"]
+    out["steps_measured"] = len(a) + len(b)
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def bench_placement(quick: bool = False) -> dict:
+    from mmyatt.bench import _machine
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    steps = 3 if quick else 8
+    seg = 3 if quick else 6
+    out: dict = {
+        "benchmark": "placement",
+        "machine": _machine(),
+        "cores": sorted(os.sched_getaffinity(0)),
+        "controllers": 2,
+        "steps_per_run": steps,
+        "warmup_steps_excluded": 1,
+        "judge_tokens_per_sample": JUDGE_TOKENS,
+        "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
+        "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
+    }
+    with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
+        tmp = Path(tmp_s)
+        policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
+        judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
+        base = _base(policy, steps)
+        for wl, extra in (("judge_heavy", _judge(judge)), ("rollout_heavy", RULE)):
+            arms = {}
+            for mode in MODES:
+                arms[mode] = _arm(
+                    tmp, f"{wl}_{mode}", base + extra + [f"placement.mode={mode}"], steps
+                )
+                print(
+                    f"[bench] placement {wl} {mode}: {arms[mode]['step_s']:.3f} s/step", flush=True
+                )
+            out[wl] = arms
+        drift = {}
+        for mode in MODES:
+            drift[mode] = _drift_arm(
+                tmp, f"drift_{mode}", base + [f"placement.mode={mode}"], _judge(judge), seg
+            )
+            print(f"[bench] placement drifting {mode}: {drift[mode]['total_s']:.2f} s", flush=True)
+        out["drifting"] = drift
+    fixed = ("shared", "colocate", "partial")
+    for wl in ("judge_heavy", "rollout_heavy"):
+        s = {m: out[wl][m]["step_s"] for m in MODES}
+        best = min(fixed, key=lambda m: s[m])
+        out[f"best_fixed_{wl}"] = best
+        out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
+        out[f"auto_choice_{wl}"] = out[wl]["auto"]["modes_run"][-1]
+        placed = min(("colocate", "partial"), key=lambda m: s[m])
+        out[f"auto_picked_faster_placement_{wl}"] = out[f"auto_choice_{wl}"] == placed
+        out[f"peak_rss_mb_{wl}"] = {m: out[wl][m]["peak_rss_mb"] for m in MODES}
+        out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
+    out["partial_over_colocate_judge_heavy"] = (
+        out["judge_heavy"]["partial"]["step_s"] / out["judge_heavy"]["colocate"]["step_s"]
+    )
+    t = {m: out["drifting"][m]["total_s"] for m in MODES}
+    best = min(fixed, key=lambda m: t[m])
+    out["best_fixed_drifting"] = best
+    out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out

@@ -1,0 +1,217 @@
+"""A discrete-event model of one RL step under each placement mode.
+
+Resources are ``units`` (CPU cores here, GPUs at scale). Rollout is P controllers, each
+generating its chunks (prompt groups) one after another; while more controllers are
+active than rollout units, they share them (processor sharing). Every finished chunk
+joins the judge's queue (partial) or waits for the judge phase (colocate). The judge
+serves whatever is queued as one batch (dynamic batching, up to ``judge_batch``
+chunks) on its units. Training takes every unit for ``train_s``.
+
+- colocate: rollout on all units; all wait for the slowest controller (the long tail);
+  the judge reloads its weights (``reload_s``) and scores every chunk on all units.
+- partial(r, j): rollout on r units and the judge on j at once, chunks streamed.
+
+Costs (``Profile``) are core-seconds per chunk of generation (one value per chunk, so a
+measured length distribution enters through them) and per sample of judging, with a
+parallel efficiency for the judge on more than one unit. ``calibrate`` reads them from
+a ``mmyatt bench placement`` JSON; ``bench_placement_sim`` compares predictions with the
+measured step times there and predicts 8 to 1024 GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Profile:
+    chunk_gen_s: list[list[float]]  # per controller, core-seconds of each streamed chunk
+    samples_per_chunk: int
+    judge_sample_s: float  # core-seconds per judged sample on one unit
+    judge_eff: float = 1.0  # speed-up per extra judge unit (1 = linear)
+    reload_s: float = 0.0
+    train_s: float = 0.0
+    rest_s: dict = field(default_factory=dict)  # mode -> fixed per-step overhead
+    judge_batch: int = 64  # chunks per judge batch
+    batch_gen_s: list[list[float]] | None = None  # colocate: one batch per controller
+
+
+@dataclass
+class Result:
+    step_s: float
+    idle_frac_rollout: float  # of the rollout units, over generate + score
+    idle_frac_judge: float  # of the judge units, over generate + score
+
+
+def _judge_speed(units: int, eff: float) -> float:
+    return 1.0 + (units - 1) * eff if units > 0 else 0.0
+
+
+def _rollout(chunks: list[list[float]], units: int, on_done=None) -> float:
+    """Processor sharing of P controllers over ``units``; calls on_done(t, samples) for
+    each chunk as it finishes. Returns when the last controller is done."""
+    pos = [0] * len(chunks)
+    left = [c[0] if c else 0.0 for c in chunks]
+    t = 0.0
+    while True:
+        active = [i for i in range(len(chunks)) if pos[i] < len(chunks[i])]
+        if not active:
+            return t
+        rate = min(1.0, units / len(active))
+        dt = min(left[i] for i in active) / rate
+        t += dt
+        for i in active:
+            left[i] -= dt * rate
+            if left[i] <= 1e-12:
+                if on_done is not None:
+                    on_done(t)
+                pos[i] += 1
+                left[i] = chunks[i][pos[i]] if pos[i] < len(chunks[i]) else 0.0
+
+
+def _judge(arrivals: list[float], p: Profile, units: int) -> tuple[float, float]:
+    """FIFO dynamic batching: (finish time, busy seconds) for chunks arriving at times."""
+    per_chunk = p.judge_sample_s * p.samples_per_chunk / _judge_speed(units, p.judge_eff)
+    t, busy, i = 0.0, 0.0, 0
+    arrivals = sorted(arrivals)
+    while i < len(arrivals):
+        t = max(t, arrivals[i])
+        n = 0
+        while i < len(arrivals) and arrivals[i] <= t and n < p.judge_batch:
+            i += 1
+            n += 1
+        t += per_chunk * n
+        busy += per_chunk * n
+    return t, busy
+
+
+def simulate(p: Profile, mode: str, units: int, rollout: int = 0, judge: int = 0) -> Result:
+    has_judge = p.judge_sample_s > 0
+    rest = p.rest_s.get(mode, 0.0)
+    n = sum(len(c) for c in p.chunk_gen_s)
+    if mode == "colocate":
+        batches = p.batch_gen_s or p.chunk_gen_s
+        gen_work = sum(sum(c) for c in batches)
+        gen = _rollout(batches, units)
+        jt, jb = _judge([0.0] * n, p, units) if has_judge else (0.0, 0.0)
+        collect = gen + (p.reload_s if has_judge else 0.0) + jt
+        r_units = units
+    else:
+        gen_work = sum(sum(c) for c in p.chunk_gen_s)
+        times: list[float] = []
+        gen = _rollout(p.chunk_gen_s, rollout, times.append)
+        jt, jb = _judge(times, p, judge) if has_judge else (gen, 0.0)
+        collect = max(gen, jt)
+        r_units = rollout
+    idle_r = 1.0 - gen_work / (r_units * collect) if collect else 0.0
+    idle_j = 1.0 - jb / collect if collect and has_judge else 1.0
+    return Result(collect + rest + p.train_s, idle_r, idle_j)
+
+
+# ------------------------------------------------------------------ calibration
+
+
+def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
+    """A profile from a placement bench JSON. Per-role costs come from the arms that
+    ran each role in that shape: batched generation from colocate (one core per
+    controller), chunked generation from partial (the controllers shared one core, so
+    one controller's core-seconds are half its wall time), the judge's per-sample cost
+    on one core from partial and its 1 -> 2 core speed-up from colocate, reload and
+    training from colocate. Nothing is fitted to step times: what the simulator adds
+    is how the phases compose (series, barrier, streaming overlap, queueing), and
+    every overhead it does not model shows up as error."""
+    arms = measured[workload]
+    colo, part = arms["colocate"], arms["partial"]
+    prompts = 8 // controllers
+    samples = prompts * 8
+    core_s = part["phase_s"]["gen_s"] / controllers  # one controller on a shared core
+    judge1 = part["phase_s"]["judge_busy_s"] or 0.0
+    judge2 = colo["phase_s"]["judge_busy_s"] or 0.0
+    has_judge = judge1 > 0 and workload != "rollout_heavy"
+    return Profile(
+        chunk_gen_s=[[core_s / prompts] * prompts for _ in range(controllers)],
+        batch_gen_s=[[colo["phase_s"]["gen_s"]] for _ in range(controllers)],
+        samples_per_chunk=8,
+        judge_sample_s=judge1 / (samples * controllers) if has_judge else 0.0,
+        judge_eff=max(0.0, judge1 / judge2 - 1.0) if has_judge and judge2 else 1.0,
+        reload_s=colo.get("judge_reload_s") or 0.0,
+        train_s=colo["phase_s"]["train_s"],
+    )
+
+
+def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = None) -> dict:
+    from mmyatt.bench import _machine
+
+    path = Path(measured_path or Path(__file__).resolve().parents[2] / "bench" / "placement.json")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: run `mmyatt bench placement --out {path}` first")
+    measured = json.loads(path.read_text())
+    out: dict = {"benchmark": "placement-sim", "machine": _machine(), "measured": str(path)}
+    rows = []
+    for wl in ("judge_heavy", "rollout_heavy"):
+        prof = calibrate(measured, wl)
+        for mode, r, j in (("colocate", 2, 2), ("partial", 1, 1)):
+            pred = simulate(prof, mode, 2, r, j).step_s
+            real = measured[wl][mode]["step_s"]
+            rows.append(
+                {
+                    "workload": wl,
+                    "mode": mode,
+                    "split": f"{r}:{j}",
+                    "predicted_step_s": pred,
+                    "measured_step_s": real,
+                    "error": pred / real - 1.0,
+                }
+            )
+    out["validation"] = rows
+    out["max_abs_error"] = max(abs(r["error"]) for r in rows)
+    out["at_scale"] = at_scale(calibrate(measured, "judge_heavy"), quick)
+    return out
+
+
+def at_scale(base: Profile, quick: bool) -> list[dict]:
+    """Weak scaling: 8 groups of 8 samples per GPU, heavy-tailed lengths (lognormal chunk
+    costs around the measured mean), the measured judge/generate cost ratio."""
+    rng = random.Random(0)
+    mean_chunk = sum(base.chunk_gen_s[0]) / len(base.chunk_gen_s[0]) / 1.6487  # e^0.5
+    judge_chunk = base.judge_sample_s * base.samples_per_chunk
+    out = []
+    for gpus in (8, 64, 256, 1024) if not quick else (8, 64):
+        chunks = [
+            [mean_chunk * rng.lognormvariate(-0.5, 1.0) for _ in range(8)] for _ in range(gpus)
+        ]
+        prof = Profile(
+            chunk_gen_s=chunks,
+            samples_per_chunk=base.samples_per_chunk,
+            judge_sample_s=judge_chunk / base.samples_per_chunk,
+            judge_eff=1.0,  # a GPU judge replica per device: linear
+            reload_s=base.reload_s,
+            train_s=base.train_s,
+            judge_batch=8 * gpus,
+        )
+        colo = simulate(prof, "colocate", gpus)
+        row: dict = {
+            "gpus": gpus,
+            "colocate_step_s": colo.step_s,
+            "colocate_idle_frac_rollout": colo.idle_frac_rollout,
+            "colocate_idle_frac_judge": colo.idle_frac_judge,
+        }
+        best = None
+        for frac in (0.5, 0.75, 0.875):
+            r = max(1, int(gpus * frac))
+            res = simulate(prof, "partial", gpus, r, gpus - r)
+            row[f"partial_{r}:{gpus - r}_step_s"] = res.step_s
+            row[f"partial_{r}:{gpus - r}_idle_frac_rollout"] = res.idle_frac_rollout
+            row[f"partial_{r}:{gpus - r}_idle_frac_judge"] = res.idle_frac_judge
+            if best is None or res.step_s < best[1]:
+                best = (f"{r}:{gpus - r}", res.step_s)
+        row["best_partial_split"] = best[0]
+        row["partial_over_colocate"] = best[1] / row["colocate_step_s"]
+        # a single controller holds every sample's media: 512 x 512 RGB images, uint8
+        row["single_controller_driver_media_gb"] = gpus * 64 * 512 * 512 * 3 / 1e9
+        row["per_controller_media_gb"] = 64 * 512 * 512 * 3 / 1e9
+        out.append(row)
+    return out
