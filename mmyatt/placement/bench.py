@@ -162,7 +162,7 @@ def bench_placement(quick: bool = False) -> dict:
     from mmyatt.bench import _machine
     from mmyatt.models.tiny import build_tiny_text_model
 
-    steps = 3 if quick else 8
+    steps = 3 if quick else 10
     seg = 3 if quick else 6
     out: dict = {
         "benchmark": "placement",
