@@ -54,23 +54,25 @@ IMAGE_SIZE = 56
 FRAMES = 4
 DESCRIBE_IMAGE = "Describe the object."
 DESCRIBE_VIDEO = "Describe the object and how it moves."
+# noun phrases, so that a description reads as a whole in the judge's question
 IMAGE_PHRASES = (
     "a {colour} {shape}",
-    "{colour} {shape}",
-    "it is a {colour} {shape}",
     "a {shape} that is {colour}",
-    "the {shape} is {colour}",
+    "one {colour} {shape}",
+    "a single {colour} {shape}",
+    "a {colour} {shape} alone",
 )
 VIDEO_PHRASES = (
     "a {colour} {shape} moving {direction}",
     "a {colour} {shape} that moves {direction}",
-    "the {colour} {shape} moves {direction}",
-    "{colour} {shape} going {direction}",
-    "it is a {colour} {shape} moving {direction}",
+    "a {colour} {shape} going {direction}",
+    "one {colour} {shape} moving {direction}",
+    "a {shape} that is {colour} moving {direction}",
 )
-# the judge's question: the GenRM template ``yes_no_correct`` (rewards/templates) with
-# the record's prompt and the policy's answer filled in
-JUDGE_TEMPLATE = "Question: {prompt}\nAnswer: {output}\nIs the answer correct? Answer Yes or No."
+# the built-in judge's question: the GenRM template ``yes_no_shows`` (rewards/templates)
+# with the policy's answer filled in (the base judge's own format, "Does this image show
+# a red circle?", so what it learned about colour and shape carries over)
+JUDGE_TEMPLATE = "Does this image show {output}? Answer Yes or No."
 JUDGE_NEGATIVES = ("colour", "shape", "direction", "added", "missing", "repeat")
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
@@ -312,45 +314,6 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
-ATTRIBUTE_QUESTIONS = {
-    "colour": "What colour is the object?",
-    "shape": "What shape is the object?",
-    "direction": "Which way does the object move?",
-}
-
-
-def attribute_judge_records(
-    n: int, *, seed: int, video_fraction: float = 0.25, **kwargs
-) -> list[dict]:
-    """``n`` one-attribute checks in the judge's format: "What colour is the object?" /
-    "What shape ...?" / "Which way does it move?" (clips) answered with one word, half
-    true, half another value. They teach the comparison one attribute at a time, which
-    a judge that only ever reads whole descriptions is slow to learn."""
-    rng = np.random.default_rng([seed, 13])
-    base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
-    palette = [*COLOURS, *EXTRA_COLOURS]
-    options = {"colour": palette, "shape": list(SHAPES), "direction": list(DIRECTIONS)}
-    out = []
-    for i, rec in enumerate(base):
-        keys = ["colour", "shape"] + (["direction"] if rec["direction"] else [])
-        key = keys[int(rng.integers(len(keys)))]
-        positive = (i // 4 + i) % 2 == 0
-        value = rec[key] if positive else _wrong(options[key], rec[key], rng)
-        media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
-        out.append(
-            {
-                **{k: rec[k] for k in ("id", "colour", "shape", "direction", "task")},
-                "image": media,
-                "prompt": JUDGE_TEMPLATE.format(prompt=ATTRIBUTE_QUESTIONS[key], output=value),
-                "output": value,
-                "answer": "Yes" if positive else "No",
-                "negative_type": None if positive else f"attribute_{key}",
-            }
-        )
-    order = rng.permutation(n)
-    return [out[i] for i in order]
-
-
 def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) -> list[dict]:
     """``n`` Yes/No records for the description judge: half correct descriptions, half
     negatives cycling through :data:`JUDGE_NEGATIVES` (direction only for clips). Each
@@ -375,7 +338,7 @@ def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) 
             {
                 **{k: rec[k] for k in ("id", "colour", "shape", "direction", "task")},
                 "image": media,
-                "prompt": JUDGE_TEMPLATE.format(prompt=rec["prompt"], output=answer),
+                "prompt": JUDGE_TEMPLATE.format(output=answer),
                 "output": answer,
                 "answer": "Yes" if positive else "No",
                 "negative_type": kind,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mmyatt.datasets.describe import JUDGE_NEGATIVES, attribute_judge_records, judge_records
+from mmyatt.datasets.describe import JUDGE_NEGATIVES, judge_records
 from mmyatt.datasets.shapes import (
     HELDOUT_TEST,
     HELDOUT_VAL,
@@ -88,25 +88,19 @@ def eval_sets(n: int, *, split: str, seed: int = 0) -> dict[str, list[dict]]:
     }
 
 
-def training_batch(
-    n: int, *, seed: int, extra_colours: bool = True, mix=(0.4, 0.4, 0.2)
-) -> list[dict]:
-    """One shuffled batch: ``mix`` = shares of whole-description checks
-    (:func:`judge_records`), one-attribute checks (:func:`attribute_judge_records`) and the
-    base judge's own format ("Does this image show a red circle?",
-    :func:`mmyatt.datasets.vision_tasks.judge_training_mix` with its colour and shape
-    questions), none showing or naming a held-out combination."""
+def training_batch(n: int, *, seed: int, extra_colours: bool = True, base_share=0.3) -> list[dict]:
+    """One shuffled batch: description checks (:func:`judge_records`) and, ``base_share``
+    of it, the base judge's own records ("Does this image show a red circle?" with its
+    colour / shape questions and one-attribute checks,
+    :func:`mmyatt.datasets.vision_tasks.judge_training_mix`), so what it knows of colour
+    and shape is kept; none shows or names a held-out combination."""
     from mmyatt.datasets.shapes import HELDOUT
     from mmyatt.datasets.vision_tasks import judge_training_mix
 
-    n_attr = int(round(n * mix[1]))
-    n_base = int(round(n * mix[2]))
-    n_desc = n - n_attr - n_base
-    out = judge_records(n_desc, seed=seed, extra_colours=extra_colours) if n_desc else []
-    if n_attr:
-        out += attribute_judge_records(n_attr, seed=seed + 17, extra_colours=extra_colours)
+    n_base = int(round(n * base_share))
+    out = judge_records(n - n_base, seed=seed, extra_colours=extra_colours)
     if n_base:
-        out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT)
+        out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     order = np.random.default_rng([seed, 14]).permutation(len(out))
     return [out[i] for i in order]
 
@@ -123,7 +117,7 @@ def train_describe_judge(
     seed: int = 0,
     max_prompt_tokens: int = 160,
     extra_colours: bool = True,
-    mix: tuple[float, float, float] = (0.4, 0.4, 0.2),
+    base_share: float = 0.3,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -153,7 +147,10 @@ def train_describe_judge(
             g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps)))
         model.train()
         batch = training_batch(
-            batch_size, seed=1_000 * (seed + 1) + step, extra_colours=extra_colours, mix=mix
+            batch_size,
+            seed=1_000 * (seed + 1) + step,
+            extra_colours=extra_colours,
+            base_share=base_share,
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)

@@ -96,7 +96,7 @@ def test_judge_records_are_labelled_by_construction():
 
 
 def test_judge_prompt_is_the_genrm_template():
-    assert d.JUDGE_TEMPLATE == load_template("yes_no_correct")
+    assert d.JUDGE_TEMPLATE == load_template("yes_no_shows")
 
 
 class _Capture:
