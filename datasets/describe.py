@@ -215,11 +215,22 @@ def write_describe_task(
     ``n_eval`` held-out records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2``
     seen) and
     ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
-    ``media/`` (PNG images, GIF clips at 2 fps). Returns {"train", "test", "val"}."""
+    ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
+    records, every combination included. Returns {"train", "sft", "test", "val"}."""
     root = Path(out_dir)
     splits = {
         "train": describe_records(
             n_train, seed=2 * seed, video_fraction=video_fraction, extra_colours=True
+        ),
+        # the warm start's split: every combination, as the flow recipes' base models saw
+        # them; "held-out" means unseen by RL and by the judge
+        "sft": describe_records(
+            n_train,
+            seed=2 * seed + 1,
+            video_fraction=video_fraction,
+            extra_colours=True,
+            exclude_pairs=(),
+            exclude_triples=(),
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(n_eval, 2000 + seed, HELDOUT_VAL, MOTION_HELDOUT_VAL, video_fraction),

@@ -200,6 +200,9 @@ class SFTConfig:
     # the reward function (a registry name, e.g. "describe_check") the stopping check
     # scores with; None: the run's reward (which cannot hold a judge: none runs yet)
     check: str | None = None
+    # JSONL the warm start trains on; None: data.train (synthetic:describe fills in its
+    # sft.jsonl, which, like the flow recipes' base models, sees every combination)
+    data: str | None = None
     threads: int = 1  # SFT runs once, in the launching process, before controllers start
 
 

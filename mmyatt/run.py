@@ -36,6 +36,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
         val = str(val) if val is not None else data.val
         data = dataclasses.replace(data, train=str(train), eval=str(ev), val=val)
+        warm = run_dir / "data" / "sft.jsonl"  # a task with its own warm-start split
+        if warm.exists() and cfg.sft.data is None:
+            cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=str(warm)))
     cfg = dataclasses.replace(cfg, data=data)
     model = dataclasses.replace(cfg.model, path=builders.resolve_builtin(cfg.model.path))
     cfg = dataclasses.replace(cfg, model=model)

@@ -46,7 +46,9 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
         )
     else:
         reward = builders.build_reward(cfg.reward)
-    train = ShardedManifest(builders.manifest_paths(cfg.data.train), seed=cfg.trainer.seed)
+    train = ShardedManifest(
+        builders.manifest_paths(s.data or cfg.data.train), seed=cfg.trainer.seed
+    )
     if cfg.data.val:
         check, split = cfg.data.val, "validation"
     else:

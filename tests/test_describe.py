@@ -133,3 +133,12 @@ def test_judge_records_balance_images_and_clips():
         sub = [r for r in recs if r["task"] == task]
         yes = sum(r["answer"] == "Yes" for r in sub)
         assert abs(yes - len(sub) / 2) <= 1, (task, yes, len(sub))
+
+
+def test_warm_start_split_sees_every_combination(tmp_path):
+    import json
+
+    p = d.write_describe_task(tmp_path, n_train=300, n_eval=6)
+    sft = [json.loads(x) for x in p["sft"].read_text().splitlines()]
+    assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
+    assert {r["colour"] for r in sft} >= set(d.EXTRA_COLOURS)
