@@ -26,9 +26,9 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def losses(run: Path) -> list[float]:
+def losses(run: Path, key: str = "train/loss") -> list[float]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["train/loss"] for r in rows if "train/loss" in r]
+    return [r[key] for r in rows if key in r]
 
 
 def text_args(tmp_path: Path, *extra: str) -> list[str]:
@@ -52,17 +52,23 @@ def test_fsdp2_reaches_the_replica_parameters(tmp_path):
     base = load_file(str(a / "base_model" / "model.safetensors"))
     moved = [k for k in wa if not torch.equal(wa[k], base[k.split(":", 1)[1]])]
     assert moved, "training moved no weight: the comparison would prove nothing"
-    # Tolerance: most tensors agree to 1e-7; the k_proj biases to ~6e-6. Their gradient
-    # is 0 in exact arithmetic (a bias on every key shifts each query's scores equally),
-    # so what AdamW normalises there is rounding noise, which differs with the reduction
-    # order (flat all-reduce vs reduce-scatter). The weights moved by ~3e-2.
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=2e-5, rtol=0, msg=k)
-    movement = max(float((wa[k] - base[k.split(":", 1)[1]]).abs().max()) for k in moved)
-    assert movement > 100 * 2e-5
+    # AdamW's first steps move every weight by about lr * sign(gradient), so an element
+    # whose gradient is at rounding-noise level (never-seen token rows, the k_proj biases
+    # whose exact gradient is 0) moves by an amount set by that noise, which depends on
+    # the reduction order (one flat all-reduce vs reduce-scatter per block). Measured:
+    # 0.1% of elements differ by more than 1e-6, the largest by 4e-5, while the weights
+    # moved by 1.8e-2 on average; the mean difference is 2e-8.
+    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
+    move = torch.cat([(wa[k] - base[k.split(":", 1)[1]]).abs().flatten() for k in wa])
+    assert float(diff.max()) < 2e-4 and float(move.mean()) > 1e-2
+    assert float((diff > 1e-6).float().mean()) < 0.01
+    assert float(diff.mean()) < 1e-6
     la, lb = losses(a), losses(b)
-    assert len(la) == 3 and any(x != 0 for x in la)
+    assert len(la) == 3 and any(abs(x) > 1e-3 for x in la)
     torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), atol=1e-6, rtol=1e-5)
+    # AdamW cannot tell summed gradients from averaged ones; the gradient norm can
+    ga, gb = losses(a, "train/grad_norm"), losses(b, "train/grad_norm")
+    torch.testing.assert_close(torch.tensor(gb), torch.tensor(ga), atol=0, rtol=1e-5)
 
 
 def test_fsdp2_stop_and_resume_equals_uninterrupted(tmp_path):

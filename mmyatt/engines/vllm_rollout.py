@@ -276,13 +276,40 @@ class VLLMRolloutPolicy:
 
 
 def _load_into_worker(worker, items):
-    """Runs inside each vLLM worker: load (name, tensor) pairs into its model in place."""
-    model = worker.model_runner.model
-    model.load_weights(weights=iter(items))
-    try:  # CPU/quantised backends repack weights after loading; redo it for the new ones
-        from vllm.model_executor.model_loader.utils import process_weights_after_loading
+    """Runs inside each vLLM worker: load (name, tensor) pairs into its model in place.
 
-        process_weights_after_loading(model, worker.model_runner.model_config, worker.device)
-    except (ImportError, AttributeError, TypeError):
-        pass
+    On the CPU backend, vLLM packs every linear weight for oneDNN / its own GEMM after
+    loading and frees the plain weight (``dispatch_cpu_unquantized_gemm``): loading into
+    the freed parameter leaves the packed copy stale (wrong outputs after a reload).
+    There the plain weights are re-created first and every packed layer is re-packed
+    after the load. GPU backends load in place as is."""
+    import torch
+    from vllm.platforms import current_platform
+
+    model = worker.model_runner.model
+    packed = []
+    if current_platform.is_cpu():
+        from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearBase
+        from vllm.model_executor.parameter import ModelWeightParameter
+
+        for m in model.modules():
+            if not hasattr(m, "cpu_linear"):
+                continue
+            packed.append(m)
+            if isinstance(m, LinearBase) and m.weight.numel() == 0:
+                v2 = type(m.quant_method).__name__ in WEIGHT_LOADER_V2_SUPPORTED
+                weight = ModelWeightParameter(
+                    data=torch.empty(
+                        sum(m.output_partition_sizes),
+                        m.input_size_per_partition,
+                        dtype=m.params_dtype,
+                    ),
+                    input_dim=1,
+                    output_dim=0,
+                    weight_loader=m.weight_loader_v2 if v2 else m.weight_loader,
+                )
+                m.register_parameter("weight", weight)
+    model.load_weights(weights=iter(items))
+    for m in packed:  # pack the new weights (frees the plain ones again)
+        m.quant_method.process_weights_after_loading(m)
     return True
