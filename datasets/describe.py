@@ -60,7 +60,7 @@ IMAGE_PHRASES = (
     "a {shape} that is {colour}",
     "one {colour} {shape}",
     "a single {colour} {shape}",
-    "a {colour} {shape} alone",
+    "the {colour} {shape}",
 )
 VIDEO_PHRASES = (
     "a {colour} {shape} moving {direction}",
@@ -73,7 +73,16 @@ VIDEO_PHRASES = (
 # with the policy's answer filled in (the base judge's own format, "Does this image show
 # a red circle?", so what it learned about colour and shape carries over)
 JUDGE_TEMPLATE = "Does this image show {output}? Answer Yes or No."
-JUDGE_NEGATIVES = ("colour", "shape", "direction", "added", "missing", "repeat")
+JUDGE_NEGATIVES = (
+    "colour",
+    "shape",
+    "direction",
+    "added",
+    "missing",
+    "repeat",
+    "stutter",
+    "two",
+)
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -208,27 +217,20 @@ def write_describe_task(
     seed: int = 0,
     video_fraction: float = 0.25,
 ) -> dict[str, Path]:
-    """``train.jsonl`` (trained combinations only, palette and :data:`EXTRA_COLOURS`:
-    the extra colours come with every shape, so reading the shape cannot lean on the
-    colour; a tiny policy trained on the palette alone names the shape it saw most often
-    with a colour and never composes a held-out pair), ``test.jsonl`` (palette only:
-    ``n_eval`` held-out records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2``
-    seen) and
+    """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
+    records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
     ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
     ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
     records, every combination included. Returns {"train", "sft", "test", "val"}."""
     root = Path(out_dir)
     splits = {
-        "train": describe_records(
-            n_train, seed=2 * seed, video_fraction=video_fraction, extra_colours=True
-        ),
+        "train": describe_records(n_train, seed=2 * seed, video_fraction=video_fraction),
         # the warm start's split: every combination, as the flow recipes' base models saw
         # them; "held-out" means unseen by RL and by the judge
         "sft": describe_records(
             n_train,
             seed=2 * seed + 1,
             video_fraction=video_fraction,
-            extra_colours=True,
             exclude_pairs=(),
             exclude_triples=(),
         ),
@@ -301,7 +303,9 @@ def _wrong(options, value, rng) -> str:
 
 def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
-    palette = [*COLOURS, *EXTRA_COLOURS]
+    # a wrong colour from the image's own group: palette for palette images, so that
+    # "an extra colour's name" is never a shortcut to "No"
+    palette = list(COLOURS) if c in COLOURS else list(EXTRA_COLOURS)
     if kind == "colour":
         return describe(_wrong(palette, c, rng), s, d, rng)
     if kind == "shape":
@@ -322,6 +326,14 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     if kind == "repeat":  # one true word, repeated
         word = (c, s, d or c)[int(rng.integers(3))]
         return " ".join([word] * int(rng.integers(2, 6)))
+    if kind == "stutter":  # a correct description with a word or a fragment repeated
+        words = describe(c, s, d, rng).split()
+        k = int(rng.integers(len(words)))
+        tail = words[k:] if rng.random() < 0.5 else [words[k][: max(2, len(words[k]) // 2)]]
+        return " ".join(words[: k + 1] + tail)
+    if kind == "two":  # a correct description followed by another object's
+        other = describe(_wrong(palette, c, rng), _wrong(SHAPES, s, rng), d, rng)
+        return describe(c, s, d, rng) + " " + other
     raise ValueError(f"unknown negative kind {kind!r}")
 
 

@@ -141,4 +141,3 @@ def test_warm_start_split_sees_every_combination(tmp_path):
     p = d.write_describe_task(tmp_path, n_train=300, n_eval=6)
     sft = [json.loads(x) for x in p["sft"].read_text().splitlines()]
     assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
-    assert {r["colour"] for r in sft} >= set(d.EXTRA_COLOURS)
