@@ -213,6 +213,9 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
             profile_controller(ctl, rd / f"{profile_file}_rank{dist.rank}.json")
         loop(ctl, cfg, dist)
     finally:
+        from mmyatt.engines import close_engines
+
+        close_engines()  # a vLLM rollout engine leaves before the process group it uses
         shutdown()
     if not dist.active:
         print_summary(rd)

@@ -34,6 +34,16 @@ INSTALL = {
 }
 
 
+OPEN: list = []  # rollout engines this process started (closed by close_engines)
+
+
+def close_engines() -> None:
+    """Shut down the rollout engines this process started; the run calls it before it
+    destroys the process group (a vLLM engine tears its own groups down on exit)."""
+    while OPEN:
+        OPEN.pop().close()
+
+
 class MissingEngineError(RuntimeError):
     """A config asks for an engine whose package is not installed."""
 

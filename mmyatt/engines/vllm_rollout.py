@@ -166,7 +166,17 @@ class VLLMRolloutPolicy:
                 enforce_eager=True,
             )
             self._synced = None
+            from mmyatt.engines import OPEN
+
+            OPEN.append(self)
         return self._llm
+
+    def close(self) -> None:
+        """Shut the engine down (before the process group it uses is destroyed)."""
+        llm, self._llm = self._llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
 
     def _can_sleep(self) -> bool:
         return self.cfg.sleep_level > 0 and torch.cuda.is_available()
