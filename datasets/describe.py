@@ -83,6 +83,19 @@ JUDGE_NEGATIVES = (
     "stutter",
     "two",
 )
+# How often each kind of wrong description is drawn: mostly the ones only the picture
+# can refute (a wrong colour, shape or direction); the text-only ones (an attribute
+# added, missing, a word repeated or stuttered, a second object) are learned quickly.
+NEGATIVE_WEIGHTS = {
+    "colour": 0.3,
+    "shape": 0.25,
+    "direction": 0.15,
+    "added": 0.06,
+    "missing": 0.06,
+    "repeat": 0.06,
+    "stutter": 0.06,
+    "two": 0.06,
+}
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -354,7 +367,8 @@ def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) 
             answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
         else:
             kinds = [k for k in JUDGE_NEGATIVES if k != "direction" or rec["direction"]]
-            kind = kinds[int(rng.integers(len(kinds)))]
+            weights = np.asarray([NEGATIVE_WEIGHTS[k] for k in kinds])
+            kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
             answer = _negative(kind, rec, rng)
         media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
         out.append(
