@@ -54,12 +54,12 @@ QWEN25 = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    "tiny": dict(
-        hidden_size=64,
+    "tiny": dict(  # head_dim 64: vLLM's CPU attention has no kernel below 32
+        hidden_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=256,
         vocab_size=320,
         tie_word_embeddings=True,
     ),
