@@ -284,9 +284,9 @@ class TrainConfig:
     (parameters, gradients and optimizer state sharded over the controllers); megatron:
     megatron-core GPTModel for text LLMs (pip install 'mmyatt[megatron]')."""
 
-    backend: Literal["replica", "fsdp2", "megatron"] = "replica"
-    # fsdp2: compute dtype of the sharded module (gradients are reduced in float32)
-    mixed_precision: Literal["none", "bfloat16", "float16"] = "none"
+    backend: Literal["replica", "fsdp2", "megatron"] = "replica"  # docs/engines.md
+    mixed_precision: Literal["none", "bfloat16", "float16"] = "none"  # fsdp2: compute dtype
+    # of the sharded module (gradients are reduced in float32)
     cpu_offload: bool = False  # fsdp2: sharded parameters and optimizer state in host memory (CUDA)
     activation_checkpointing: bool = False  # fsdp2: recompute block activations in backward
     reshard_after_forward: bool = True  # fsdp2: free gathered weights after each block forward
@@ -296,14 +296,12 @@ class TrainConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     """Who generates the rollouts: the policy adapter (hf) or an in-process vLLM engine
-    (pip install 'mmyatt[vllm]'; text and VLM policies)."""
+    (pip install 'mmyatt[vllm]'; text policies, VLM prompts not yet: issue 17)."""
 
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"  # docs/engines.md
     gpu_memory_utilization: float = 0.4  # vllm: share of the device its KV cache may take
     sleep_level: Literal[0, 1, 2] = 1  # vllm: sleep during training (0: stay awake)
-    # truncated importance sampling for the engine/trainer log-prob mismatch: each token's
-    # loss is weighted by min(exp(trainer - engine log-prob), is_cap); 0 turns it off
-    is_cap: float = 2.0
+    is_cap: float = 2.0  # vllm: each token's loss times min(exp(trainer - engine logprob), cap)
 
 
 @dataclass(frozen=True)
