@@ -71,6 +71,7 @@ def test_fsdp2_reaches_the_replica_parameters(tmp_path):
     torch.testing.assert_close(torch.tensor(gb), torch.tensor(ga), atol=0, rtol=1e-5)
 
 
+@pytest.mark.slow  # three 2-controller runs (~90 s on a loaded 2-core machine)
 def test_fsdp2_stop_and_resume_equals_uninterrupted(tmp_path):
     """Run-state checkpoints of a sharded run (full state dicts from
     torch.distributed.checkpoint.state_dict) resume bit for bit."""

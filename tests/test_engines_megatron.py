@@ -156,6 +156,7 @@ def test_one_process_logits_and_round_trip_through_the_model():
         assert torch.equal(back[k], v), k
 
 
+@pytest.mark.slow  # two 2-controller runs
 @needs_megatron
 def test_train_on_megatron_matches_replica(tmp_path):
     """`mmyatt train train.backend=megatron` (2 controllers, Megatron TP=1 each): the
