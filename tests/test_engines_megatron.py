@@ -154,6 +154,11 @@ def test_one_process_logits_and_round_trip_through_the_model():
     back = M.gather_hf_weights(model, hf.config)
     for k, v in hf.state_dict().items():
         assert torch.equal(back[k], v), k
+    import megatron.core.parallel_state as ps
+    import torch.distributed as tdist
+
+    ps.destroy_model_parallel()  # leave no process group behind for later tests
+    tdist.destroy_process_group()
 
 
 @pytest.mark.slow  # two 2-controller runs
