@@ -73,6 +73,12 @@ VIDEO_PHRASES = (
 # with the policy's answer filled in (the base judge's own format, "Does this image show
 # a red circle?", so what it learned about colour and shape carries over)
 JUDGE_TEMPLATE = "Does this image show {output}? Answer Yes or No."
+# the score variant's question (template ``score_shows``) and the judge's answers to it
+SCORE_TEMPLATE = (
+    'Does this image show {output}? Reply with one line in the form "Score: N", '
+    "N from 1 (wrong) to 10 (correct)."
+)
+SCORE_ANSWERS = {"Yes": "Score: 9", "No": "Score: 2"}
 JUDGE_NEGATIVES = (
     "colour",
     "shape",
@@ -350,11 +356,14 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
-def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) -> list[dict]:
+def judge_records(
+    n: int, *, seed: int, video_fraction: float = 0.25, score: bool = False, **kwargs
+) -> list[dict]:
     """``n`` Yes/No records for the description judge: half correct descriptions, half
     negatives cycling through :data:`JUDGE_NEGATIVES` (direction only for clips). Each
     record's "image" is the picture or the clip's frames (a list of PIL images, as the
-    GenRM reward sends them) and its "prompt" the judge template filled in. ``kwargs``
+    GenRM reward sends them) and its "prompt" the judge template filled in (``score``:
+    the score variant's, answered "Score: 9" / "Score: 2"). ``kwargs``
     go to :func:`describe_records` (held-out exclusion by default)."""
     rng = np.random.default_rng([seed, 12])
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
@@ -371,13 +380,15 @@ def judge_records(n: int, *, seed: int, video_fraction: float = 0.25, **kwargs) 
             kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
             answer = _negative(kind, rec, rng)
         media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
+        verdict = "Yes" if positive else "No"
         out.append(
             {
                 **{k: rec[k] for k in ("id", "colour", "shape", "direction", "task")},
                 "image": media,
-                "prompt": JUDGE_TEMPLATE.format(output=answer),
+                "prompt": (SCORE_TEMPLATE if score else JUDGE_TEMPLATE).format(output=answer),
                 "output": answer,
-                "answer": "Yes" if positive else "No",
+                "answer": SCORE_ANSWERS[verdict] if score else verdict,
+                "verdict": verdict,
                 "negative_type": kind,
             }
         )

@@ -88,9 +88,12 @@ def eval_sets(n: int, *, split: str, seed: int = 0) -> dict[str, list[dict]]:
     }
 
 
-def training_batch(n: int, *, seed: int, extra_colours: bool = True, base_share=0.3) -> list[dict]:
-    """One shuffled batch: description checks (:func:`judge_records`) and, ``base_share``
-    of it, the base judge's own records ("Does this image show a red circle?" with its
+def training_batch(
+    n: int, *, seed: int, extra_colours: bool = True, base_share=0.3, score_share=0.15
+) -> list[dict]:
+    """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
+    the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
+    ``base_share`` of it, the base judge's own records ("Does this image show a red circle?" with its
     colour / shape questions and one-attribute checks,
     :func:`mmyatt.datasets.vision_tasks.judge_training_mix`), so what it knows of colour
     and shape is kept; none shows or names a held-out combination."""
@@ -98,7 +101,10 @@ def training_batch(n: int, *, seed: int, extra_colours: bool = True, base_share=
     from mmyatt.datasets.vision_tasks import judge_training_mix
 
     n_base = int(round(n * base_share))
-    out = judge_records(n - n_base, seed=seed, extra_colours=extra_colours)
+    n_score = int(round(n * score_share))
+    out = judge_records(n - n_base - n_score, seed=seed, extra_colours=extra_colours)
+    if n_score:
+        out += judge_records(n_score, seed=seed + 41, extra_colours=extra_colours, score=True)
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     order = np.random.default_rng([seed, 14]).permutation(len(out))

@@ -141,3 +141,14 @@ def test_warm_start_split_sees_every_combination(tmp_path):
     p = d.write_describe_task(tmp_path, n_train=300, n_eval=6)
     sft = [json.loads(x) for x in p["sft"].read_text().splitlines()]
     assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
+
+
+def test_score_variant_records_and_template():
+    recs = d.judge_records(16, seed=4, score=True)
+    assert {r["answer"] for r in recs} == set(d.SCORE_ANSWERS.values())
+    assert all(r["answer"] == d.SCORE_ANSWERS[r["verdict"]] for r in recs)
+    assert d.SCORE_TEMPLATE == load_template("score_shows")
+    from mmyatt.models.describe_judge import training_batch
+
+    batch = training_batch(20, seed=0)
+    assert sum(r["answer"].startswith("Score:") for r in batch) == 3
