@@ -158,12 +158,14 @@ def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int
     return out
 
 
-def bench_placement(quick: bool = False) -> dict:
+def bench_placement(quick: bool = False, progress: str | Path | None = None) -> dict:
+    """All arms; with ``progress``, what is measured so far is written there after each
+    arm (a run cut short keeps its figures)."""
     from mmyatt.bench import _machine
     from mmyatt.models.tiny import build_tiny_text_model
 
-    steps = 3 if quick else 10
-    seg = 3 if quick else 6
+    steps = 3 if quick else 7
+    seg = 3 if quick else 5
     out: dict = {
         "benchmark": "placement",
         "machine": _machine(),
@@ -189,14 +191,16 @@ def bench_placement(quick: bool = False) -> dict:
                 print(
                     f"[bench] placement {wl} {mode}: {arms[mode]['step_s']:.3f} s/step", flush=True
                 )
-            out[wl] = arms
+                out[wl] = arms
+                _save(out, progress)
         drift = {}
         for mode in MODES:
             drift[mode] = _drift_arm(
                 tmp, f"drift_{mode}", base + [f"placement.mode={mode}"], _judge(judge), seg
             )
             print(f"[bench] placement drifting {mode}: {drift[mode]['total_s']:.2f} s", flush=True)
-        out["drifting"] = drift
+            out["drifting"] = drift
+            _save(out, progress)
     fixed = ("shared", "colocate", "partial")
     for wl in ("judge_heavy", "rollout_heavy"):
         s = {m: out[wl][m]["step_s"] for m in MODES}
@@ -218,6 +222,11 @@ def bench_placement(quick: bool = False) -> dict:
     out["balance"] = balance_report()
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def _save(out: dict, progress) -> None:
+    if progress is not None:
+        Path(progress).write_text(json.dumps(out, indent=2) + "\n")
 
 
 def balance_report(P: int = 4, per: int = 32) -> dict:
