@@ -37,11 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("overrides", nargs="*")
     s.add_argument("--run-dir", default=None)
 
+    from mmyatt.rewards.judge_server import add_arguments as add_serve_arguments
+
     g = sub.add_parser("serve-genrm", help="serve a generative reward model (OpenAI API subset)")
-    g.add_argument("model_dir")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=None)
+    add_serve_arguments(g)
 
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}, or all of them")
     b.add_argument("name", choices=(*BENCHES, "all"))

@@ -11,18 +11,18 @@ VLM judge add e.g. ``--limit-mm-per-prompt '{"image": 1}'``). Then
 the same way.
 
 * **Async core, sync facade.** Requests run on a private asyncio event loop in a
-  daemon thread, over HTTP/1.1 keep-alive connections written with asyncio streams
-  (standard library only). ``chat_many(requests)`` blocks the caller and returns
-  responses in order; ``await client.achat(request)`` / ``achat_many`` serve async
-  callers on any loop (e.g. streaming each finished rollout sample to the judge).
+  daemon thread, over an ``httpx.AsyncClient`` (keep-alive connections per server).
+  ``chat_many(requests)`` blocks the caller and returns responses in order;
+  ``await client.achat(request)`` / ``achat_many`` serve async callers on any loop
+  (e.g. streaming each finished rollout sample to the judge).
 * **Bounded in-flight.** At most ``max_in_flight`` requests are on the wire at once;
   the server batches the ones that arrive together.
 * **Least-in-flight balancing.** Each attempt goes to the server with the fewest
   requests in flight (ties rotate), skipping servers that failed recently.
-* **Retries.** Connection errors, timeouts (``timeout_s`` per attempt), HTTP 5xx,
-  408 and 429 are retried: at once on another healthy server when there is one,
-  otherwise after an exponential backoff (``backoff_s * 2**k`` with jitter, capped at
-  ``backoff_max_s``). After ``max_retries`` retries the request fails with
+* **Retries** (tenacity). Connection errors, timeouts (``timeout_s`` per attempt),
+  HTTP 5xx, 408 and 429 are retried: at once on another healthy server when there is
+  one, otherwise after an exponential backoff (``backoff_s * 2**k`` with jitter, capped
+  at ``backoff_max_s``). After ``max_retries`` retries the request fails with
   :class:`JudgeUnavailableError`, naming the servers and the last error. Other 4xx
   answers (bad request, wrong key, unknown model) are not retried:
   :class:`JudgeRequestError`.
@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -46,6 +45,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
+from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -78,29 +80,32 @@ class _RetryableError(Exception):
 @dataclass
 class _Server:
     url: str
-    host: str
-    port: int
-    tls: bool
-    base_path: str
     in_flight: int = 0
     requests: int = 0
     errors: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
     model: str | None = None
-    idle: list = field(default_factory=list)  # pooled (reader, writer) pairs
 
 
-def _parse_url(url: str) -> _Server:
+@dataclass
+class _Attempts:
+    """One request's way through the servers: which were tried since the last backoff."""
+
+    tried: set[int] = field(default_factory=set)
+    sleeps: int = 0
+    last_error: BaseException | None = None
+    last_url: str = ""
+
+
+def _server_root(url: str) -> str:
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"judge URL {url!r} must look like http://host:port")
-    tls = parts.scheme == "https"
     base = parts.path.rstrip("/")
     if base.endswith("/v1"):  # accept OpenAI-style base URLs too
         base = base[: -len("/v1")]
-    clean = f"{parts.scheme}://{parts.netloc}{base}"
-    return _Server(clean, parts.hostname, parts.port or (443 if tls else 80), tls, base)
+    return f"{parts.scheme}://{parts.netloc}{base}"
 
 
 class JudgeClient:
@@ -126,7 +131,7 @@ class JudgeClient:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        self.servers = [_parse_url(u) for u in urls]
+        self.servers = [_Server(_server_root(u)) for u in urls]
         self.urls = [s.url for s in self.servers]
         self._api_key = api_key or None
         self.max_in_flight = int(max_in_flight)
@@ -147,6 +152,7 @@ class JudgeClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._sem: asyncio.Semaphore | None = None
+        self._http: httpx.AsyncClient | None = None
         self._rr = 0
 
     def __repr__(self) -> str:  # never shows the key
@@ -165,6 +171,22 @@ class JudgeClient:
     def _submit(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
+    def _client(self) -> httpx.AsyncClient:
+        """The connection pool, made on the client's own loop."""
+        if self._http is None:
+            headers = {"Accept": "application/json", "User-Agent": "mmyatt-judge-client"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._http = httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=self.max_in_flight
+                ),
+                trust_env=False,  # a judge on loopback is never reached through a proxy
+            )
+        return self._http
+
     def close(self) -> None:
         """Close pooled connections and stop the client's loop thread."""
         with self._lock:
@@ -182,10 +204,9 @@ class JudgeClient:
             self._sem = None
 
     async def _close_all(self) -> None:
-        for server in self.servers:
-            while server.idle:
-                _, writer = server.idle.pop()
-                writer.close()
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
 
     def __enter__(self) -> JudgeClient:
         return self
@@ -220,10 +241,8 @@ class JudgeClient:
 
         async def check(server: _Server) -> bool:
             try:
-                status, _, _ = await asyncio.wait_for(
-                    self._http(server, "GET", "/health", None), self.timeout_s
-                )
-                return status == 200
+                response = await self._client().get(f"{server.url}/health")
+                return response.status_code == 200
             except Exception:  # noqa: BLE001 - any failure means not healthy
                 return False
 
@@ -282,83 +301,103 @@ class JudgeClient:
         delay = min(self.backoff_max_s, self.backoff_s * (2**k))
         return delay * (0.5 + 0.5 * random.random())
 
+    def _wait_before_retry(self, state: _Attempts) -> float:
+        """0 when a healthy server is still untried (fail over at once), else a backoff
+        after which every server may be tried again."""
+        now = time.monotonic()
+        if any(i not in state.tried and s.down_until <= now for i, s in enumerate(self.servers)):
+            return 0.0
+        delay = self._backoff(state.sleeps)
+        state.sleeps += 1
+        state.tried.clear()
+        return delay
+
     async def _with_retries(self, request: dict) -> dict:
-        tried: set[int] = set()
-        last: BaseException | None = None
-        last_url = ""
-        sleeps = 0
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                self._count("retries")
-                now = time.monotonic()
-                healthy_untried = [
-                    i for i, s in enumerate(self.servers) if i not in tried and s.down_until <= now
-                ]
-                if not healthy_untried:  # every server failed lately: wait, then start over
-                    await asyncio.sleep(self._backoff(sleeps))
-                    sleeps += 1
-                    tried.clear()
-            index = self._pick(tried)
-            server = self.servers[index]
-            tried.add(index)
-            self._count("attempts")
-            server.in_flight += 1
-            server.requests += 1
-            try:
-                body = dict(request)
-                if body.get("model") is None:
-                    body["model"] = self.model or await self._model_name(server)
-                response = await asyncio.wait_for(self._post_chat(server, body), self.timeout_s)
-            except JudgeRequestError:
-                self._count("failures")
-                raise
-            except (_RetryableError, OSError, asyncio.TimeoutError, EOFError) as error:
-                if isinstance(error, asyncio.TimeoutError):
-                    error = _RetryableError(f"no answer within {self.timeout_s:g} s")
-                last, last_url = error, server.url
-                server.errors += 1
-                server.consecutive_failures += 1
-                server.down_until = time.monotonic() + min(
-                    self.backoff_max_s, self.backoff_s * 2 ** (server.consecutive_failures - 1)
-                )
-                continue
-            finally:
-                server.in_flight -= 1
-            server.consecutive_failures = 0
-            server.down_until = 0.0
-            return response
+        state = _Attempts()
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=lambda _: self._wait_before_retry(state),
+            retry=retry_if_exception_type(_RetryableError),
+            before_sleep=lambda _: self._count("retries"),  # not called after the last try
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._attempt(request, state)
+        except JudgeRequestError:
+            self._count("failures")
+            raise
+        except RetryError:
+            pass
         self._count("failures")
+        last = state.last_error
         raise JudgeUnavailableError(
             f"no judge server answered after {self.max_retries + 1} attempts "
-            f"({self.max_retries} retries) over {self.urls}; last error from {last_url}: "
+            f"({self.max_retries} retries) over {self.urls}; last error from {state.last_url}: "
             f"{type(last).__name__}: {last}",
             self.urls,
             last,
         )
 
+    async def _attempt(self, request: dict, state: _Attempts) -> dict:
+        index = self._pick(state.tried)
+        server = self.servers[index]
+        state.tried.add(index)
+        self._count("attempts")
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            body = dict(request)
+            if body.get("model") is None:
+                body["model"] = self.model or await self._model_name(server)
+            response = await asyncio.wait_for(self._post_chat(server, body), self.timeout_s)
+        except (_RetryableError, httpx.TransportError, OSError, asyncio.TimeoutError) as error:
+            if isinstance(error, asyncio.TimeoutError):
+                error = _RetryableError(f"no answer within {self.timeout_s:g} s")
+            elif not isinstance(error, _RetryableError):
+                error = _RetryableError(f"{type(error).__name__}: {error}")
+            state.last_error, state.last_url = error, server.url
+            server.errors += 1
+            server.consecutive_failures += 1
+            server.down_until = time.monotonic() + min(
+                self.backoff_max_s, self.backoff_s * 2 ** (server.consecutive_failures - 1)
+            )
+            raise error from None
+        finally:
+            server.in_flight -= 1
+        server.consecutive_failures = 0
+        server.down_until = 0.0
+        return response
+
     async def _model_name(self, server: _Server) -> str:
         if server.model is None:
-            status, _, data = await self._http(server, "GET", "/v1/models", None)
-            self._check_status(server, status, data)
+            response = await self._client().get(f"{server.url}/v1/models")
+            self._check_status(server, response)
             try:
-                server.model = json.loads(data)["data"][0]["id"]
+                server.model = response.json()["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError) as error:
                 raise _RetryableError(f"bad /v1/models answer from {server.url}") from error
         return server.model
 
     async def _post_chat(self, server: _Server, body: dict) -> dict:
-        payload = json.dumps(body).encode("utf-8")
-        status, _, data = await self._http(server, "POST", "/v1/chat/completions", payload)
-        self._check_status(server, status, data)
+        response = await self._client().post(
+            f"{server.url}/v1/chat/completions",
+            content=json.dumps(body).encode("utf-8"),
+            headers={"Content-Type": "application/json"},
+        )
+        self._check_status(server, response)
         try:
-            return json.loads(data)
+            return json.loads(response.content)
         except ValueError as error:
-            raise _RetryableError(f"{server.url} sent invalid JSON ({len(data)} bytes)") from error
+            n = len(response.content)
+            raise _RetryableError(f"{server.url} sent invalid JSON ({n} bytes)") from error
 
     @staticmethod
-    def _check_status(server: _Server, status: int, data: bytes) -> None:
+    def _check_status(server: _Server, response: httpx.Response) -> None:
+        status = response.status_code
         if status == 200:
             return
+        data = response.content
         try:
             parsed = json.loads(data)
             message = (parsed.get("error") or {}).get("message") or data[:300].decode()
@@ -372,89 +411,3 @@ class JudgeClient:
             server.url,
             parsed,
         )
-
-    # --- minimal HTTP/1.1 over asyncio streams ----------------------------------------
-    async def _connect(self, server: _Server):
-        context = ssl.create_default_context() if server.tls else None
-        return await asyncio.open_connection(server.host, server.port, ssl=context)
-
-    async def _http(
-        self, server: _Server, method: str, path: str, payload: bytes | None
-    ) -> tuple[int, dict, bytes]:
-        lines = [
-            f"{method} {server.base_path}{path} HTTP/1.1",
-            f"Host: {server.host}:{server.port}",
-            "User-Agent: mmyatt-judge-client",
-            "Accept: application/json",
-            "Connection: keep-alive",
-        ]
-        if self._api_key:
-            lines.append(f"Authorization: Bearer {self._api_key}")
-        if payload is not None:
-            lines += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        while True:
-            pooled = bool(server.idle)
-            reader, writer = server.idle.pop() if pooled else await self._connect(server)
-            try:
-                writer.write(head + (payload or b""))
-                await writer.drain()
-                status, headers, body, keep = await self._read_response(reader)
-            except BaseException as error:
-                writer.close()
-                # A pooled connection the server closed while idle: not the server's fault.
-                if pooled and isinstance(error, (ConnectionError, EOFError, _StaleError)):
-                    continue
-                if isinstance(error, _StaleError):
-                    raise _RetryableError("the server closed the connection") from None
-                raise
-            if keep:
-                server.idle.append((reader, writer))
-            else:
-                writer.close()
-            return status, headers, body
-
-    @staticmethod
-    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
-        status_line = await reader.readline()
-        if not status_line:
-            raise _StaleError()
-        parts = status_line.decode("latin-1").split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-            raise _RetryableError(f"bad HTTP status line {status_line[:80]!r}")
-        version, status = parts[0], int(parts[1])
-        headers: dict[str, str] = {}
-        while True:
-            line = await reader.readline()
-            if not line:
-                raise _RetryableError("connection closed inside the response headers")
-            if line in (b"\r\n", b"\n"):
-                break
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        connection = headers.get("connection", "").lower()
-        keep = connection != "close" and (version != "HTTP/1.0" or connection == "keep-alive")
-        try:
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                chunks = []
-                while True:
-                    size_line = await reader.readline()
-                    size = int(size_line.split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                            pass  # trailers
-                        break
-                    chunks.append(await reader.readexactly(size))
-                    await reader.readexactly(2)
-                body = b"".join(chunks)
-            elif "content-length" in headers:
-                body = await reader.readexactly(int(headers["content-length"]))
-            else:
-                body, keep = await reader.read(), False
-        except asyncio.IncompleteReadError as error:
-            raise _RetryableError("connection closed inside the response body") from error
-        return status, headers, body, keep
-
-
-class _StaleError(ConnectionError):
-    """The connection closed before a status line arrived."""
