@@ -88,6 +88,7 @@ JUDGE_NEGATIVES = (
     "repeat",
     "stutter",
     "two",
+    "garble",
 )
 # How often each kind of wrong description is drawn: mostly the ones only the picture
 # can refute (a wrong colour, shape or direction); the text-only ones (an attribute
@@ -101,6 +102,7 @@ NEGATIVE_WEIGHTS = {
     "repeat": 0.06,
     "stutter": 0.06,
     "two": 0.06,
+    "garble": 0.12,
 }
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
@@ -353,6 +355,26 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     if kind == "two":  # a correct description followed by another object's
         other = describe(_wrong(palette, c, rng), _wrong(SHAPES, s, rng), d, rng)
         return describe(c, s, d, rng) + " " + other
+    if kind == "garble":  # letters dropped, doubled or swapped in a word or two
+        original = describe(c, s, d, rng)
+        words = original.split()
+        letters = "abcdefghijklmnoprstuvwy"
+        for _ in range(int(rng.integers(1, 3))):
+            k = int(rng.integers(len(words)))
+            w = list(words[k])
+            j = int(rng.integers(len(w)))
+            op = int(rng.integers(4))
+            if op == 0 and len(w) > 1:
+                del w[j]
+            elif op == 1:
+                w[j:j] = [w[j]] * int(rng.integers(1, 6))
+            else:
+                w[j] = letters[int(rng.integers(len(letters)))]
+                if op == 3:
+                    w.insert(j, letters[int(rng.integers(len(letters)))])
+            words[k] = "".join(w)
+        garbled = " ".join(words)
+        return garbled if garbled != original else garbled + "nn"
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
