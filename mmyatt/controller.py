@@ -35,6 +35,7 @@ from mmyatt.protocols import (
     ClosedFormKL,
     LatentOutputs,
     ReferenceKL,
+    RolloutStats,
     Sampling,
     prompt_seed,
     require,
@@ -554,7 +555,7 @@ class Controller:
             "rollout/tokens": g["len"],
         }
         out.update({f"reward/{k[5:]}": v / n for k, v in g.items() if k.startswith("part/")})
-        if hasattr(self.policy, "rollout_stats"):  # vLLM rollouts: TIS, weight sync, sleep
+        if isinstance(self.policy, RolloutStats):  # vLLM rollouts: TIS, weight sync, sleep
             out.update(self.policy.rollout_stats(r))
         return out
 

@@ -11,6 +11,7 @@ capability of its own, a separate protocol the engine checks with ``isinstance``
 * :class:`ClosedFormKL`: the KL of Gaussian transitions from their means (flow models);
 * :class:`EMA`: an exponential moving average of the trained weights (flow models);
 * :class:`LatentOutputs`: outputs left as latents for rewards that read them (flow models);
+* :class:`RolloutStats`: per-step metrics of a rollout engine (vLLM rollouts);
 * :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``.
 
 Adapters import this module and :mod:`mmyatt.rollout` only from the engine; the engine
@@ -138,6 +139,13 @@ class LatentOutputs(Protocol):
     """Outputs that can stay latents (no VAE decode) when every reward reads latents."""
 
     decode_outputs: bool  # False: ``Rollout.outputs`` are the final latents
+
+
+@runtime_checkable
+class RolloutStats(Protocol):
+    """Extra per-step metrics of the rollout engine (vLLM rollouts: TIS, weight sync)."""
+
+    def rollout_stats(self, rollout: Rollout) -> dict[str, float]: ...
 
 
 @runtime_checkable
