@@ -16,7 +16,7 @@ import torch
 
 from mmyatt import builders
 from mmyatt.config import RewardSpec, RunConfig
-from mmyatt.models.protocol import Sampling
+from mmyatt.protocols import Sampling
 
 
 def greedy_accuracy(policy, reward, records: list[dict], max_new_tokens: int) -> float:
