@@ -1,0 +1,147 @@
+"""Placement modes in the real step: the same seeds give the same samples and rewards in
+shared, colocate, partial and auto (a tiny text policy judged by a tiny judge served
+over HTTP), colocate really drops and reloads the judge's weights, and a run stopped
+and resumed in each mode ends where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmyatt import builders
+from mmyatt.config import load_config
+from mmyatt.controller import Controller
+from mmyatt.distributed import Dist
+from mmyatt.placement import resources as res
+
+YES = "abcdefghijklmABCDEFGHIJKLM01234\n +"
+NO = "nopqrstuvwxyzNOPQRSTUVWXYZ56789.,?="
+CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. Yes", "No"] * 40
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    root = tmp_path_factory.mktemp("placement")
+    judge = build_tiny_text_model(root / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
+    policy = build_tiny_text_model(root / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)
+    base = load_config(None, ["data.synthetic_train_size=64", "data.synthetic_eval_size=8"])
+    train, _, _ = builders.synthetic_task("synthetic:arithmetic", root / "data", base)
+    return {"judge": judge, "policy": policy, "train": train}
+
+
+@pytest.fixture
+def restore_affinity():
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    yield
+    res.pin_process(cores)
+    torch.set_num_threads(threads)
+
+
+def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3) -> list:
+    cfg = load_config(
+        None,
+        [
+            "model.kind=text",
+            f"model.path={models['policy']}",
+            f"data.train={models['train']}",
+            f"data.eval={models['train']}",
+            "data.prompts_per_step=4",
+            "sampling.group_size=4",
+            "sampling.max_new_tokens=6",
+            "optim.lr=0.01",
+            # an untrained judge ranks no "Yes" or "No" in its top 20: score the mass of
+            # one half of the characters against the other's, a continuous function of
+            # the judge's own logits
+            "reward.functions=[{name: genrm, kwargs: {template: yes_no_correct, "
+            f"yes_tokens: {json.dumps(list(YES))}, no_tokens: {json.dumps(list(NO))}}}}}, "
+            "{name: numeric_match, weight: 0.5}]",
+            f"reward.judge.model={models['judge']}",
+            f"reward.judge.urls=[{url}]",
+            f"placement.mode={mode}",
+            "placement.profile_steps=1",
+            "placement.stream_groups=1",
+        ],
+    )
+    ctl = Controller(
+        cfg,
+        tmp / mode,
+        Dist(),
+        policy=builders.build_policy(cfg.model),
+        reward=builders.build_reward(cfg.reward),
+        shard=builders.build_shard(cfg, 0, 1),
+        eval_records=[],
+    )
+    out = []
+    for _ in range(steps):
+        m = ctl.step()
+        r = ctl.last_rollout
+        out.append((list(r.outputs), r.rewards.clone(), m.get("placement/mode", "shared")))
+    return out
+
+
+def test_same_seeds_same_rewards_in_every_mode(tmp_path, models, restore_affinity):
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    with JudgeServer(str(models["judge"])).start() as server:
+        runs = {m: run_mode(tmp_path, models, server.url, m) for m in MODES}
+        stats = server.stats
+    ref = runs["shared"]
+    for mode, steps in runs.items():
+        for (out_a, rew_a, _), (out_b, rew_b, _) in zip(ref, steps):
+            assert out_a == out_b, mode
+            torch.testing.assert_close(rew_a, rew_b, rtol=0, atol=1e-5, msg=mode)
+    assert [m for *_, m in runs["colocate"]] == ["colocate"] * 3
+    assert [m for *_, m in runs["partial"]] == ["partial"] * 3
+    # auto: warm-up and profile in colocate, then a profile step in partial
+    assert [m for *_, m in runs["auto"]] == ["colocate", "colocate", "partial"]
+    # colocate dropped the judge's weights after each judge phase and reloaded them
+    assert stats["sleeps"] >= 3 and stats["reloads"] >= 3 and stats["reload_s"] > 0
+    assert all(float(rew.std()) > 0 for _, rew, _ in ref), [rew for _, rew, _ in ref]
+
+
+MODES = ("shared", "colocate", "partial", "auto")
+
+
+def _rows(run: Path) -> dict[int, dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    skip = ("timing/", "throughput/", "placement/", "memory/", "train/minutes")
+    return {
+        r["step"]: {k: v for k, v in r.items() if not k.startswith(skip)}
+        for r in rows
+        if "reward/mean" in r
+    }
+
+
+@pytest.mark.slow  # three CLI runs of 2 controllers per mode
+@pytest.mark.parametrize("mode", ["partial", "colocate", "auto"])
+def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
+    from safetensors.torch import load_file
+    from test_cli import ROOT, TINY, mmyatt
+
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    # the rule reward of TINY: a judge's answers move in the last bits with how its
+    # server happens to batch requests (in every mode, shared included), a rule's do not
+    args = [
+        *TINY,
+        "distributed.nproc=2",
+        "checkpoint.save_every=2",
+        f"placement.mode={mode}",
+        "placement.profile_steps=1",
+    ]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
+    assert "continuing at step 3" in out.stdout
+    final = Path("checkpoints") / "final" / "model.safetensors"
+    wa, wb = load_file(str(full / final)), load_file(str(parts / final))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert _rows(full) == _rows(parts) and sorted(_rows(parts)) == [1, 2, 3, 4]
+    modes = {json.loads(x).get("placement/mode") for x in (full / "metrics.jsonl").open()}
+    assert modes - {None} == {"colocate" if mode == "auto" else mode}  # no judge: no partial
