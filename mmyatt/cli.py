@@ -23,8 +23,36 @@ BENCHES = (
 )  # = bench.BENCHES
 
 
+def _user_error(error: BaseException) -> str | None:
+    """One line for an error the user caused (config, data, files), else None."""
+    from mmyatt.datasets.manifest import ManifestError
+    from mmyatt.datasets.media import MediaError
+
+    if isinstance(error, ConfigError):
+        return f"config error: {error}"
+    if isinstance(error, (ManifestError, MediaError)):
+        return f"data error: {error}"
+    if isinstance(error, FileNotFoundError):
+        if error.filename is not None:
+            return f"file not found: {error.filename} ({error.strerror})"
+        return f"file not found: {error}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="mmyatt", description=__doc__)
+    """The CLI. Errors the user caused print one line and exit 2; ``--debug`` (anywhere
+    on the command line, or MMYATT_DEBUG=1, which controllers inherit) shows the
+    traceback instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        argv = [a for a in argv if a != "--debug"]
+        os.environ["MMYATT_DEBUG"] = "1"
+    debug = os.environ.get("MMYATT_DEBUG") == "1"
+    p = argparse.ArgumentParser(
+        prog="mmyatt",
+        description=__doc__,
+        epilog="--debug: show the traceback of errors in config, data or files",
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="RL training run: mmyatt train CONFIG [key=value ...]")
@@ -81,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return dispatch(args)
-    except ConfigError as e:
-        print(f"mmyatt: config error: {e}", file=sys.stderr)
+    except Exception as error:
+        line = None if debug else _user_error(error)
+        if line is None:
+            raise
+        print(f"mmyatt: {line}", file=sys.stderr)
         return 2
 
 

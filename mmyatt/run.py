@@ -16,7 +16,7 @@ import torch
 
 from mmyatt import builders
 from mmyatt.checkpoint import Checkpointer
-from mmyatt.config import RunConfig, dump_yaml, load_config
+from mmyatt.config import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
 
 
@@ -31,7 +31,10 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
     data = cfg.data
     if data.train.startswith("synthetic:") or data.eval.startswith("synthetic:"):
         if data.train != data.eval:
-            raise ValueError("a synthetic task makes both splits: set data.train == data.eval")
+            raise ConfigError(
+                f"data.train={data.train!r}, data.eval={data.eval!r}: a synthetic task makes "
+                "both splits; set data.eval to the same task"
+            )
         train, ev, val = builders.synthetic_task(data.train, run_dir / "data", cfg)
         log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
         val = str(val) if val is not None else data.val

@@ -111,3 +111,56 @@ def test_unknown_key_fails_before_start(tmp_path):
     assert proc.returncode == 2
     assert "algorithm.kl_coeff" in proc.stderr and "kl_coef" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _one_clean_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_user_errors_print_one_line_naming_file_line_or_key(tmp_path, capsys):
+    from mmyatt import cli
+
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{not json\n')
+    run = ["--run-dir", str(tmp_path / "r"), "trainer.steps=1"]
+    assert cli.main(["train", cfg, f"data.train={bad}", f"data.eval={bad}", *run]) == 2
+    line = _one_clean_line(capsys.readouterr().err)
+    assert line.startswith("mmyatt: data error:") and f"{bad}:2: invalid JSON" in line
+    assert cli.main(["train", cfg, f"data.train={bad}", *run]) == 2  # eval stays synthetic
+    line = _one_clean_line(capsys.readouterr().err)
+    assert "config error" in line and "data.train=" in line and "data.eval=" in line
+    missing = tmp_path / "none.jsonl"
+    assert cli.main(["train", cfg, f"data.train={missing}", f"data.eval={missing}", *run]) == 2
+    assert str(missing) in _one_clean_line(capsys.readouterr().err)
+    assert cli.main(["inspect", str(tmp_path / "no_such_run")]) == 2
+    assert "no_such_run" in _one_clean_line(capsys.readouterr().err)
+    assert cli.main(["train", cfg, "algorithm.kl_coeff=0.1", *run]) == 2
+    assert "algorithm.kl_coeff" in _one_clean_line(capsys.readouterr().err)
+
+
+def test_a_missing_media_file_is_one_line_and_debug_shows_the_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    from mmyatt import cli, run
+    from mmyatt.datasets.media import MediaError
+
+    def train(*_):
+        raise MediaError("train.jsonl:3: image 'img/cat.png' not found")
+
+    monkeypatch.setattr(run, "train", train)
+    monkeypatch.delenv("MMYATT_DEBUG", raising=False)
+    assert cli.main(["train", "x.yaml"]) == 2
+    assert "train.jsonl:3: image 'img/cat.png'" in _one_clean_line(capsys.readouterr().err)
+    with pytest.raises(MediaError):
+        cli.main(["train", "x.yaml", "--debug"])
+    assert os.environ.pop("MMYATT_DEBUG") == "1"  # what controller processes inherit
+
+    def crash(*_):
+        raise RuntimeError("a bug, not the user's error")
+
+    monkeypatch.setattr(run, "train", crash)
+    with pytest.raises(RuntimeError):  # not a user error: the traceback stays
+        cli.main(["train", "x.yaml"])
