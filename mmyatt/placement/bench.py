@@ -61,6 +61,7 @@ def _base(policy: Path, steps: int) -> list[str]:
         "trainer.threads=1",
         "distributed.nproc=2",
         "placement.profile_steps=1",
+        "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
     ]
 
 
