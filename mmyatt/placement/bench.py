@@ -175,6 +175,7 @@ def bench_placement(quick: bool = False, progress: str | Path | None = None) -> 
         "steps_per_run": steps,
         "warmup_steps_excluded": 1,
         "judge_tokens_per_sample": JUDGE_TOKENS,
+        "stream_groups": 2,  # = placement.stream_groups in _base
         "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
         "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
     }

@@ -127,14 +127,16 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     colo, part = arms["colocate"], arms["partial"]
     prompts = 8 // controllers
     samples = prompts * 8
+    k = int(measured.get("stream_groups", 1))  # prompt groups per streamed chunk
+    chunks = max(1, prompts // k)
     core_s = part["phase_s"]["gen_s"] / controllers  # one controller on a shared core
     judge1 = part["phase_s"]["judge_busy_s"] or 0.0
     judge2 = colo["phase_s"]["judge_busy_s"] or 0.0
     has_judge = judge1 > 0 and workload != "rollout_heavy"
     return Profile(
-        chunk_gen_s=[[core_s / prompts] * prompts for _ in range(controllers)],
+        chunk_gen_s=[[core_s / chunks] * chunks for _ in range(controllers)],
         batch_gen_s=[[colo["phase_s"]["gen_s"]] for _ in range(controllers)],
-        samples_per_chunk=8,
+        samples_per_chunk=samples // chunks,
         judge_sample_s=judge1 / (samples * controllers) if has_judge else 0.0,
         judge_eff=max(0.0, judge1 / judge2 - 1.0) if has_judge and judge2 else 1.0,
         reload_s=colo.get("judge_reload_s") or 0.0,
