@@ -1,28 +1,36 @@
-"""GenRM serving benchmark: dynamic batching on vs off, and the client's overhead.
+"""GenRM serving benchmark: req/s at 1 and 32 in flight, and the model's share of it.
 
-``bench_genrm()`` builds a tiny judge, serves it from a child process (so the client
-and the server do not share a GIL, as in a real run), and
+``bench_genrm()`` builds a tiny text judge, serves it from a child process (so the
+client and the server do not share a GIL, as in a real run) and sends it the
+``yes_prob`` requests of a :class:`GenRMReward` through the :class:`JudgeClient` a
+training run uses:
 
-* sends M concurrent ``yes_prob`` judgements (a :class:`GenRMReward` over a
-  :class:`JudgeClient`) to a server with dynamic batching (``max_batch=32``) and to
-  one that runs requests one at a time (``max_batch=1``): ``samples_per_s_batched``,
-  ``samples_per_s_unbatched`` and their ratio ``batching_speedup``;
-* sends requests one after another to the unbatched server and subtracts the model
-  time the server reports for each (``mmyatt.model_time_ms``) from the client's
-  round trip: ``client_overhead_ms`` (median; HTTP, JSON, queueing, the client's
-  event loop), with the mean and p90 beside it.
+* ``req_per_s_1``: one request in flight (sent one after another);
+* ``req_per_s_32``: 32 in flight;
+* ``model_ms_1``: the judge's forward on the same requests, one at a time, in this
+  process (the same code and torch threads as the server, no HTTP, no queue), and
+  ``server_overhead_1 = 1 - model_ms_1 / wall_ms_1`` with ``wall_ms_1 = 1000 /
+  req_per_s_1``: the share of a lone request's time that is not the model (the
+  client's and server's HTTP, JSON, validation, queue and thread hops);
+* ``model_req_per_s_32``: the forward alone on the same requests in batches of 32.
 
-Both servers run at once on the same ~0.6 M-parameter judge; rounds alternate
-between them so load from other processes hits both alike, and each keeps its best
-round. A tiny judge on CPU is, like a real judge on a GPU at small batches, dominated
-by per-call costs, which is what dynamic batching removes; a CPU-bound larger model
-gains less. ``batched_server`` reports the batch sizes the server actually formed.
+``baseline=PATH`` also serves the judge with another server implementation (a
+``judge_server.py`` file run as a script, e.g. an earlier commit's, taken with
+``git show REV:rewards/judge_server.py``) side by side, on the same judge, with the
+same client and requests; rounds alternate between the servers so that load from
+other processes hits both alike, and each keeps its best round.
+
+``python -m mmyatt.genrm_bench --baseline-rev REV --out FILE`` takes the baseline server
+and client from a git revision of this repository: arms ``new`` (this server, this
+client), ``baseline`` (that server, this client) and ``baseline_with_its_client``.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,97 +42,204 @@ CORPUS = [
 ] * 40
 
 
-def _records(m: int) -> tuple[list[str], list[dict]]:
-    outputs = [f"{(i * 37) % 200}" for i in range(m)]
-    records = [{"prompt": f"what is {i % 50} plus {(i * 7) % 50}?"} for i in range(m)]
-    return outputs, records
-
-
-def _round(url: str, m: int) -> float:
-    """Samples/s of one round of M concurrent yes_prob judgements (after a warm-up)."""
+def _bodies(n: int) -> list[dict]:
     from mmyatt.rewards.genrm import GenRMReward
-    from mmyatt.rewards.judge_client import JudgeClient
 
-    outputs, records = _records(m)
-    with JudgeClient([url], max_in_flight=m, timeout_s=120) as client:
-        reward = GenRMReward(client, template="yes_no_correct")
-        reward(outputs[:4], records[:4])  # warm-up: connections, first forward
+    outputs = [f"{(i * 37) % 200}" for i in range(n)]
+    records = [{"prompt": f"what is {i % 50} plus {(i * 7) % 50}?"} for i in range(n)]
+    reward = GenRMReward("http://127.0.0.1:9", template="yes_no_correct", model="judge")
+    return reward.requests(outputs, records)
+
+
+def _strip_model(bodies: list[dict]) -> list[dict]:
+    return [{k: v for k, v in b.items() if k != "model"} for b in bodies]
+
+
+def _load_client(path: Path | None):
+    """The JudgeClient class of a judge_client.py file (an earlier revision's), or ours."""
+    if path is None:
+        from mmyatt.rewards.judge_client import JudgeClient
+
+        return JudgeClient
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_judge_client", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module.JudgeClient
+
+
+def _req_per_s(
+    url: str, bodies: list[dict], in_flight: int, client_cls=None
+) -> tuple[float, list[float]]:
+    """(req/s, server-reported model ms per response) of one round (after a warm-up)."""
+    client_cls = client_cls or _load_client(None)
+    with client_cls([url], max_in_flight=in_flight, timeout_s=120) as client:
+        client.chat_many(bodies[: min(len(bodies), in_flight, 8)])  # connections, first call
         t0 = time.perf_counter()
-        reward(outputs, records)
-        return m / (time.perf_counter() - t0)
+        if in_flight == 1:
+            responses = [client.chat(b) for b in bodies]
+        else:
+            responses = client.chat_many(bodies)
+        elapsed = time.perf_counter() - t0
+    models = [float(r.get("mmyatt", {}).get("model_time_ms", "nan")) for r in responses]
+    return len(bodies) / elapsed, models
 
 
-def _overhead(url: str, n: int) -> dict:
-    from mmyatt.rewards.genrm import GenRMReward
-    from mmyatt.rewards.judge_client import JudgeClient
+def _model_only(model_dir: Path, bodies: list[dict], threads: int, rounds: int) -> dict:
+    """The judge's forward on the same requests, one at a time and in batches of 32."""
+    import torch
 
-    outputs, records = _records(n)
-    with JudgeClient([url], max_in_flight=1) as client:
-        reward = GenRMReward(client, template="yes_no_correct")
-        bodies = reward.requests(outputs, records)
-        client.chat(bodies[0])
-        overheads, models = [], []
-        for body in bodies:
-            t0 = time.perf_counter()
-            response = client.chat(body)
-            rtt_ms = (time.perf_counter() - t0) * 1000.0
-            model_ms = float(response["mmyatt"]["model_time_ms"])
-            overheads.append(rtt_ms - model_ms)
-            models.append(model_ms)
-    overheads.sort()
-    return {
-        "median": statistics.median(overheads),
-        "mean": statistics.fmean(overheads),
-        "p90": overheads[int(0.9 * (len(overheads) - 1))],
-        "model_ms_median": statistics.median(models),
-    }
+    from mmyatt.models.judge import TextJudge
+
+    torch.set_num_threads(threads)
+    judge = TextJudge.load(model_dir)
+    messages = [b["messages"] for b in bodies]
+    k = int(bodies[0].get("top_logprobs") or 1)
+    judge.next_token_logprobs(messages[:4], k)  # warm-up
+    one = batched = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for m in messages:
+            judge.next_token_logprobs([m], k)
+        one = min(one, (time.perf_counter() - t0) / len(messages))
+        t0 = time.perf_counter()
+        for i in range(0, len(messages), 32):
+            judge.next_token_logprobs(messages[i : i + 32], k)
+        batched = min(batched, (time.perf_counter() - t0) / len(messages))
+    return {"model_ms_1": one * 1000.0, "model_req_per_s_32": 1.0 / batched}
 
 
-def bench_genrm(quick: bool = False) -> dict:
-    """Measure batching speedup and client overhead on a tiny judge; returns a dict."""
+def _start_script(script: Path, model_dir: Path, tmp: Path, threads: int) -> tuple:
+    """Serve ``model_dir`` with the server in ``script`` (run as a file): (process, url)."""
+    port_file = tmp / f"{script.stem}.port"
+    log = open(tmp / f"{script.stem}.log", "w")
+    cmd = [sys.executable, str(script), str(model_dir), "--host", "127.0.0.1", "--port", "0"]
+    cmd += ["--max-batch", "32", "--batch-wait-ms", "5", "--threads", str(threads)]
+    cmd += ["--port-file", str(port_file)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the baseline server {script} did not start; see {log.name}")
+        time.sleep(0.05)
+    return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
+
+
+def bench_genrm(
+    quick: bool = False,
+    baseline: str | Path | None = None,
+    baseline_client: str | Path | None = None,
+) -> dict:
+    """Measure the judge server (and ``baseline``, a judge_server.py, beside it; with
+    ``baseline_client``, a judge_client.py, also that client against that server)."""
     from mmyatt.models.tiny import build_tiny_text_model
     from mmyatt.rewards.judge_pool import JudgePool
 
-    m = 32 if quick else 128
+    n1, n32 = (20, 64) if quick else (200, 512)
     rounds = 1 if quick else 5
     size = "qwen2-1m"
-    # Two torch threads on a shared two-core machine run ~10x slower than one.
-    threads = 1 if (os.cpu_count() or 1) <= 4 else 4
-    result: dict = {"workload": {"requests": m, "rounds": rounds, "judge": size}}
+    threads = 1 if (os.cpu_count() or 1) <= 4 else 4  # 2 threads on 2 shared cores: slower
+    bodies = _bodies(max(n1, n32))
+    result: dict = {
+        "workload": {
+            "judge": size,
+            "requests_1": n1,
+            "requests_32": n32,
+            "rounds": rounds,
+            "server_threads": threads,
+            "request": "yes_prob: max_tokens=1, logprobs, top_logprobs=20 (GenRMReward)",
+        }
+    }
     with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-bench-") as tmp:
         model_dir = build_tiny_text_model(Path(tmp) / "judge", size=size, corpus=CORPUS)
-        with (
-            JudgePool(model_dir, n=1, max_batch=32, batch_wait_ms=5, threads=threads) as on,
-            JudgePool(model_dir, n=1, max_batch=1, threads=threads) as off,
-        ):
-            # Alternate the variants so that load from other processes hits both alike;
-            # keep each one's best round.
-            batched = unbatched = 0.0
-            for _ in range(rounds):
-                batched = max(batched, _round(on.urls[0], m))
-                unbatched = max(unbatched, _round(off.urls[0], m))
-            stats = on.stats()[0]
-            overhead = _overhead(off.urls[0], 20 if quick else 100)
-    result.update(
-        batching_speedup=batched / unbatched,
-        client_overhead_ms=overhead["median"],
-        samples_per_s_batched=batched,
-        samples_per_s_unbatched=unbatched,
-        client_overhead={k: v for k, v in overhead.items()},
-        batched_server={
-            "max_batch_seen": stats.get("max_batch_seen"),
-            "batches": stats.get("batches"),
-            "requests": stats.get("requests"),
-            "model_ms_per_sample": 1000.0
-            * stats.get("model_time_s", 0.0)
-            / max(stats.get("requests", 0), 1),
-        },
-        server_threads=threads,
-    )
+        bodies = _strip_model(bodies)  # the client asks /v1/models for the served name
+        servers: dict[str, str] = {}
+        procs = []
+        with JudgePool(model_dir, n=1, max_batch=32, batch_wait_ms=5, threads=threads) as pool:
+            servers["new"] = pool.urls[0]
+            try:
+                if baseline is not None:
+                    proc, url = _start_script(Path(baseline), model_dir, Path(tmp), threads)
+                    procs.append(proc)
+                    servers["baseline"] = url
+                arms = [(name, url, None) for name, url in servers.items()]
+                if baseline is not None and baseline_client is not None:
+                    old_client = _load_client(Path(baseline_client))
+                    arms.append(("baseline_with_its_client", servers["baseline"], old_client))
+                best = {name: {"1": 0.0, "32": 0.0, "model_ms": []} for name, _, _ in arms}
+                for _ in range(rounds):
+                    for name, url, client_cls in arms:
+                        r1, ms1 = _req_per_s(url, bodies[:n1], 1, client_cls)
+                        r32, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
+                        b = best[name]
+                        b["1"], b["32"] = max(b["1"], r1), max(b["32"], r32)
+                        b["model_ms"] += ms1
+                stats = pool.stats()[0]
+            finally:
+                for proc in procs:
+                    proc.terminate()
+                    proc.wait(timeout=30)
+        model = _model_only(model_dir, bodies[:n1], threads, rounds)
+    for name, b in best.items():
+        wall_ms = 1000.0 / b["1"]
+        result[name] = {
+            "req_per_s_1": b["1"],
+            "req_per_s_32": b["32"],
+            "wall_ms_1": wall_ms,
+            "server_overhead_1": 1.0 - model["model_ms_1"] / wall_ms,
+            "server_reported_model_ms_1": statistics.median(b["model_ms"]),
+        }
+    result["model_only"] = model
+    result["new_server_batches"] = {
+        k: stats.get(k) for k in ("requests", "batches", "max_batch_seen", "waited_batches")
+    }
+    if "baseline" in result:
+        result["ratio_req_per_s_32"] = (
+            result["new"]["req_per_s_32"] / result["baseline"]["req_per_s_32"]
+        )
+        result["ratio_req_per_s_1"] = (
+            result["new"]["req_per_s_1"] / result["baseline"]["req_per_s_1"]
+        )
     return result
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
     import json
 
-    print(json.dumps(bench_genrm(), indent=2))
+    p = argparse.ArgumentParser(prog="python -m mmyatt.genrm_bench", description=__doc__)
+    p.add_argument("--out", required=True, help="JSON file for the figures")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--baseline", default=None, help="a judge_server.py to serve beside")
+    p.add_argument("--baseline-rev", default=None, help="git revision to take it from")
+    args = p.parse_args(argv)
+    baseline, baseline_client = args.baseline, None
+    with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-baseline-") as tmp:
+        if args.baseline_rev:
+            root = Path(__file__).resolve().parent.parent
+            files = {}
+            for name in ("judge_server", "judge_client"):
+                source = subprocess.run(
+                    ["git", "show", f"{args.baseline_rev}:rewards/{name}.py"],
+                    cwd=root,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                files[name] = Path(tmp) / f"baseline_{name}.py"
+                files[name].write_text(source)
+            baseline, baseline_client = files["judge_server"], files["judge_client"]
+        result = bench_genrm(args.quick, baseline, baseline_client)
+    if args.baseline_rev:
+        result["baseline_rev"] = args.baseline_rev
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
