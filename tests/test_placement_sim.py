@@ -61,3 +61,33 @@ def test_at_scale_rows_cover_8_to_64_gpus_quick():
         assert r["single_controller_driver_media_gb"] == pytest.approx(
             r["gpus"] * r["per_controller_media_gb"]
         )
+
+
+def test_calibrate_reads_each_role_from_the_arm_that_ran_it(tmp_path):
+    import json
+
+    from mmyatt.placement.simulate import bench_placement_sim, calibrate
+
+    def arm(gen, judge, train, step, reload=0.0):
+        return {
+            "phase_s": {"gen_s": gen, "judge_busy_s": judge, "train_s": train},
+            "judge_reload_s": reload,
+            "step_s": step,
+        }
+
+    wl = {"colocate": arm(1.0, 2.0, 0.5, 4.0, 0.1), "partial": arm(4.0, 3.0, 0.5, 5.0)}
+    measured = {"stream_groups": 2, "judge_heavy": wl, "rollout_heavy": wl}
+    p = calibrate(measured, "judge_heavy")
+    # partial: 2 controllers shared one core for 4 s -> 2 core-s each, 2 chunks of 1 s
+    assert p.chunk_gen_s == [[1.0, 1.0], [1.0, 1.0]] and p.samples_per_chunk == 16
+    assert p.batch_gen_s == [[1.0], [1.0]]
+    assert p.judge_sample_s == pytest.approx(3.0 / 64)  # 64 samples judged on one core
+    assert p.judge_eff == pytest.approx(3.0 / 2.0 - 1.0)  # 2 cores: 1.5x faster
+    assert p.reload_s == 0.1 and p.train_s == 0.5
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps(measured))
+    out = bench_placement_sim(quick=True, measured_path=path)
+    assert {(r["workload"], r["mode"]) for r in out["validation"]} == {
+        (w, m) for w in ("judge_heavy", "rollout_heavy") for m in ("colocate", "partial")
+    }
+    assert [r["gpus"] for r in out["at_scale"]] == [8, 64]
