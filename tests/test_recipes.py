@@ -44,6 +44,13 @@ RECIPES = {
         "sft.eval_prompts=4",
         "sft.batch_size=4",
     ],
+    "vlm_genrm_tiny.yaml": [  # starts the built-in description judge with the run
+        "data.synthetic_train_size=16",
+        "sft.max_steps=2",
+        "sft.eval_every=1",
+        "sft.eval_prompts=4",
+        "sft.batch_size=4",
+    ],
     "vlm_grpo_video_tiny.yaml": [
         "data.synthetic_train_size=8",
         "sft.max_steps=2",
@@ -76,6 +83,10 @@ def test_recipe_runs_one_step(tmp_path, recipe):
     assert "eval/reward/mean" in rows[0] and "eval/reward/mean" in rows[-1]
     if recipe == "flow_grpo_genrm_tiny.yaml":  # the judged reward and its rule check
         assert {"eval/reward/genrm", "eval/reward/prompt_alignment_rule"} <= set(rows[-1])
+    if recipe == "vlm_genrm_tiny.yaml":  # the judge, the independent check, the guards
+        want = {"genrm", "describe_check", "describe_false_claims", "answer_words"}
+        assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
+        assert {f"eval/seen/reward/{k}" for k in want} <= set(rows[-1])
     assert any("reward/generated_mean" in r for r in rows)
     assert (run / "checkpoints" / "final").exists()
     assert list((run / "samples").iterdir())
