@@ -187,3 +187,37 @@ def test_missing_engine_fails_at_start_with_the_install_command(monkeypatch, ove
     monkeypatch.setattr(engines, "available", lambda name: False)
     with pytest.raises(ConfigError, match=rf"pip install 'mmyatt\[{extra}\]'"):
         load_config(None, overrides)
+
+
+@pytest.mark.slow  # two 2-controller runs
+def test_fsdp2_rank_without_samples_joins_the_update(tmp_path):
+    """Dynamic sampling leaves one rank with the step's only group and the other with
+    none (a reward constant on 2 of 3 prompts): the empty rank runs zero-weight passes
+    on a two-row filler, the run finishes and matches the replica backend."""
+    (tmp_path / "oddreward.py").write_text(
+        "def reward(completion, record):\n"
+        "    return 1.0 if record['_index'] % 3 else len(completion) / 10.0\n"
+    )
+    args = [
+        *[a for a in TINY if not a.startswith(("trainer.steps", "algorithm.dynamic"))],
+        "trainer.steps=2",
+        "distributed.nproc=2",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_refill_rounds=0",
+        "algorithm.minibatches=2",
+        "reward.functions=[{name: 'oddreward:reward'}]",
+    ]
+    a, b = tmp_path / "replica", tmp_path / "fsdp2"
+    mmyatt(tmp_path, "train", TEXT, *args, "train.backend=replica", "--run-dir", str(a))
+    mmyatt(tmp_path, "train", TEXT, *args, "train.backend=fsdp2", "--run-dir", str(b))
+    rows = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    kept = [r["dynamic/kept_groups"] for r in rows if "dynamic/kept_groups" in r]
+    assert 1.0 in kept, kept  # one group in all: a rank held none that step
+    wa, wb = weights(a), weights(b)
+    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
+    # the same AdamW rounding-noise allowance as test_fsdp2_reaches_the_replica_parameters
+    assert float(diff.max()) < 2e-4 and float(diff.mean()) < 1e-6
+    assert float((diff > 1e-6).float().mean()) < 0.01
+    torch.testing.assert_close(
+        torch.tensor(losses(b, "train/grad_norm")), torch.tensor(losses(a, "train/grad_norm"))
+    )

@@ -89,6 +89,12 @@ def check_engines(cfg) -> None:
             "model.ema_decay with train.backend=fsdp2 is not implemented (issue 17: the EMA "
             "copy would have to be sharded like the weights); use train.backend=replica"
         )
+    if t.backend == "fsdp2" and cfg.sampling.group_size < 2:
+        raise ConfigError(
+            "train.backend=fsdp2 needs sampling.group_size >= 2 (issue 17: a one-row "
+            "sharded forward on one rank against more rows on another hangs FSDP2's "
+            "backward here; minibatches hold whole groups)"
+        )
     if t.backend == "fsdp2" and cfg.algorithm.name != "grpo":
         raise ConfigError(
             f"algorithm.name={cfg.algorithm.name} with train.backend=fsdp2 is not implemented "
@@ -197,8 +203,8 @@ class EnginePolicy:
     def generate(self, prompts, group_size, sampling, seeds):
         with self._engine.rollout_weights(self._inner):
             out = self._inner.generate(prompts, group_size, sampling, seeds)
-        if len(out):
-            self.filler = out.select([0])
+        if len(out) >= 2:  # two rows: a one-row pass can hang FSDP2's backward (below)
+            self.filler = out.select([0, 1])
         return out
 
 
@@ -224,7 +230,13 @@ class LockstepMixin:
         return filler
 
     def zero_weight_loss(self, policy) -> torch.Tensor:
-        """A loss of exactly 0 whose backward runs every collective a real one does."""
+        """A loss of exactly 0 whose backward runs every collective a real one does.
+
+        Seen with torch 2.13 on gloo: when one rank's sharded forward has a single row
+        and another's more, FSDP2 on the one-row rank skips a pre-backward all-gather
+        (it warns that a module "returned a view tensor") and the ranks hang in backward.
+        So the filler has two rows, and ``check_engines`` asks for sampling.group_size
+        >= 2 with fsdp2 (minibatches hold whole groups)."""
         lp = policy.logprobs(self._filler(policy))
         return lp.sum() * 0.0
 

@@ -236,8 +236,8 @@ class VLLMRolloutPolicy:
             llm.sleep(level=self.cfg.sleep_level)
             self._asleep = True
             self.timings["rollout/sleep_s"] = time.perf_counter() - t0
-        if hasattr(self._inner, "filler") and len(r):
-            self._inner.filler = r.select([0])
+        if hasattr(self._inner, "filler") and len(r) >= 2:
+            self._inner.filler = r.select([0, 1])
         return r
 
     def _correct(self, r: Rollout) -> None:
