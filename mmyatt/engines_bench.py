@@ -177,6 +177,9 @@ def run_arm(policy_factory, overrides, *, prompts, group, tokens, steps, device,
             out[k.split("/")[1]] = statistics.median(vals)
     import torch.distributed as tdist
 
+    from mmyatt.engines import close_engines
+
+    close_engines()  # a vLLM engine leaves before the process group it uses
     if tdist.is_initialized():  # the FSDP2 arm made a process group of one
         tdist.destroy_process_group()
     return out
