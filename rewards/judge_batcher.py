@@ -3,9 +3,10 @@
 Request handlers :meth:`Batcher.submit` a :class:`Work` and wait on its future. The
 worker takes the first queued request and everything already queued behind it, up to
 ``max_batch``. It waits for more (at most ``batch_wait_ms`` after the first arrived)
-only while it expects company: when the previous batch held more requests than this
-one so far. A lone client (1 in flight) is therefore served at once, and a burst of
-clients is gathered into one call. Requests needing the same kind of model call are
+only while it expects company: the requests seen together last time (the previous
+batch plus those that queued up while it ran) outnumber what is queued now. A lone
+client (1 in flight) is therefore served at once, and concurrent clients are gathered
+into one call even when their requests trickle in. Requests needing the same kind of model call are
 grouped (greedy 1-token requests need only the next-token distribution); a call that
 fails is retried request by request so that one bad request fails alone.
 
@@ -83,7 +84,8 @@ class Batcher:
             "reload_s": 0.0,
             "sleeps": 0,
         }
-        self._expected = 1  # size of the previous batch: the company worth waiting for
+        # requests seen together last time (previous batch + what queued meanwhile)
+        self._expected = 1
         self._stop = threading.Event()
         self._submit_lock = threading.Lock()
         self.loader = None  # reloads the model after sleep()
@@ -131,7 +133,6 @@ class Batcher:
                     batch.append(self.queue.get(timeout=remaining))
                 except queue.Empty:
                     break
-        self._expected = len(batch)
         return batch
 
     def _loop(self) -> None:
@@ -146,6 +147,7 @@ class Batcher:
             except Exception as error:  # noqa: BLE001 - the worker must survive anything
                 for work in batch:
                     self._fail(work, error)
+            self._expected = len(batch) + self.queue.qsize()
 
     # --- sleep / wake ------------------------------------------------------------
     def sleep(self) -> float:
