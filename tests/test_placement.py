@@ -207,3 +207,31 @@ def test_cost_model_scales_an_unmeasured_core_count_by_cores():
     assert m.gen_time("colocate", 1) == pytest.approx(8.0)
     assert m.judge_time(2) == pytest.approx(2.0)
     assert m.predict(make_plan("partial", (0, 1, 2, 3), 3, 1)) is not None
+
+
+def test_a_judge_without_placement_routes_keeps_shared_running_and_fails_pinning_clearly():
+    import http.server
+    import threading
+
+    from mmyatt.placement.judges import JudgeControl
+
+    class NotFound(http.server.BaseHTTPRequestHandler):  # e.g. `vllm serve`: no such routes
+        def do_GET(self):  # noqa: N802
+            self.send_response(404)
+            self.end_headers()
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        jc = JudgeControl([f"http://127.0.0.1:{srv.server_port}/v1"])
+        assert jc.stats()["model_time_s"] == 0.0 and not jc.readable
+        jc.reset_peak()  # no error: shared mode just has no judge figures
+        with pytest.raises(RuntimeError, match="does not take POST /mmyatt/placement"):
+            jc.place([0], 1)
+    finally:
+        srv.shutdown()

@@ -20,6 +20,7 @@ class JudgeControl:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.can_release = True  # False once a server says it cannot drop its weights
+        self.readable = True  # False once a server has no /stats or peak reset (vLLM)
 
     def _call(self, url: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
@@ -37,11 +38,24 @@ class JudgeControl:
         per = max(1, int(threads_total) // max(1, len(self.urls)))
         body = {"cores": list(cores), "threads": per, "reset_peak": reset_peak}
         for u in self.urls:
-            self._call(u, "/mmyatt/placement", body)
+            try:
+                self._call(u, "/mmyatt/placement", body)
+            except urllib.error.HTTPError as error:
+                raise RuntimeError(
+                    f"judge {u} does not take POST /mmyatt/placement (HTTP {error.code}): "
+                    "placement modes that pin the judge need mmyatt's judge server "
+                    "(reward.judge.backend=mmyatt), or use placement.mode=shared"
+                ) from error
 
     def reset_peak(self) -> None:
+        if not self.readable:
+            return
         for u in self.urls:
-            self._call(u, "/mmyatt/placement", {"reset_peak": True})
+            try:
+                self._call(u, "/mmyatt/placement", {"reset_peak": True})
+            except (urllib.error.URLError, OSError, ValueError):
+                self.readable = False  # e.g. a vLLM server: no per-phase judge figures
+                return
 
     def sleep(self) -> float:
         """Drop every server's weights; seconds spent (0 when they cannot)."""
@@ -72,8 +86,14 @@ class JudgeControl:
         """Counters summed over servers: cpu_s, model_time_s, reload_s, rss_mb, peak_rss_mb."""
         keys = ("cpu_s", "model_time_s", "reload_s", "rss_mb", "peak_rss_mb", "reloads")
         out = dict.fromkeys(keys, 0.0)
+        if not self.readable:
+            return out
         for u in self.urls:
-            s = self._call(u, "/stats")
+            try:
+                s = self._call(u, "/stats")
+            except (urllib.error.URLError, OSError, ValueError):
+                self.readable = False  # e.g. a vLLM server: no judge figures, the run goes on
+                return dict.fromkeys(keys, 0.0)
             for k in keys:
                 out[k] += float(s.get(k, 0.0))
         return out
