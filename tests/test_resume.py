@@ -20,7 +20,10 @@ def train_rows(run: Path) -> dict[int, dict]:
     for r in rows:
         if "reward/mean" in r:
             out[r["step"]] = {
-                k: v for k, v in r.items() if not k.startswith(("timing/", "throughput/"))
+                k: v
+                for k, v in r.items()
+                # measurements of the machine, not of the run: they differ between runs
+                if not k.startswith(("timing/", "throughput/", "placement/"))
             }
     return out
 
