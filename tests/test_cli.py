@@ -62,11 +62,21 @@ def test_two_controllers_match_one_and_write_the_run_contract(tmp_path):
     out = mmyatt(tmp_path, "train", cfg, *TINY, "distributed.nproc=2", "--run-dir", str(two))
     assert "[summary]" in out.stdout
 
-    # same data, same per-prompt seeds, global loss normalisation: same parameters
+    # same data, same per-prompt seeds, global loss normalisation: same parameters, up to
+    # the order of float sums (a group's prompt pass sums its samples' gradients, and each
+    # controller sums its own share before the all-reduce). Adam at lr 0.01 turns that
+    # rounding, on weights whose gradient is near zero (embedding rows of unused tokens),
+    # into up to ~0.3% of one step (3.3e-5 seen): 1e-4 is 1% of a step, while a wrong
+    # shard, seed or normalisation moves weights by whole steps (1e-2)
     w1, w2 = weights(one), weights(two)
     assert w1.keys() == w2.keys()
     for k in w1:
-        torch.testing.assert_close(w1[k], w2[k], atol=2e-6, rtol=1e-5, msg=k)
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-4, rtol=1e-5, msg=k)
+    m1 = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    r1 = [r["reward/mean"] for r in m1 if "reward/mean" in r]
+    r2 = [r["reward/mean"] for r in m2 if "reward/mean" in r]
+    assert r1 == pytest.approx(r2, abs=1e-6)  # the same samples, step by step
     base = load_file(str(one / "base_model" / "model.safetensors"))
     assert any(not torch.equal(base[k], w1[k]) for k in w1), "training changed nothing"
 

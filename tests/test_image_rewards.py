@@ -164,7 +164,12 @@ def test_registry():
         "shape": "circle",
         "direction": "right",
     }
+    import torch
+
+    latent = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
     for name, fn in IMAGE_REWARDS.items():
         out = [img, img] if name == "motion_direction" else img
+        if getattr(fn, "reads_latents", False):  # latent rewards get the final latents
+            out = latent
         v = fn(out, rec)
         assert isinstance(v, float) and 0.0 <= v <= 1.0, name
