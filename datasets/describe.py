@@ -49,6 +49,7 @@ from .shapes import (
     is_heldout,
     moving_shape_clip,
 )
+from .vision_tasks import _other  # a different value drawn from the options
 
 IMAGE_SIZE = 56
 FRAMES = 4
@@ -166,11 +167,11 @@ def describe_records(
     """
     rng = np.random.default_rng([seed, 11])
     every = int(round(1 / video_fraction)) if video_fraction > 0 else 0
+    palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
     out = []
     for i in range(n):
         video = bool(every) and i % every == every - 1
         only = only_triples if video else only_pairs
-        palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
         combo = _combo(rng, video, exclude_pairs, exclude_triples, only, palette)
         colour, shape = combo[0], combo[1]
         direction = combo[2] if video else None
@@ -317,27 +318,22 @@ def answer_words(completion: str, record: dict) -> float:
 
 
 # --- judge data -------------------------------------------------------------------------------
-def _wrong(options, value, rng) -> str:
-    rest = [o for o in options if o != value]
-    return rest[int(rng.integers(len(rest)))]
-
-
 def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
     # a wrong colour from the image's own group: palette for palette images, so that
     # "an extra colour's name" is never a shortcut to "No"
     palette = list(COLOURS) if c in COLOURS else list(EXTRA_COLOURS)
     if kind == "colour":
-        return describe(_wrong(palette, c, rng), s, d, rng)
+        return describe(_other(palette, c, rng), s, d, rng)
     if kind == "shape":
-        return describe(c, _wrong(SHAPES, s, rng), d, rng)
+        return describe(c, _other(SHAPES, s, rng), d, rng)
     if kind == "direction":
-        return describe(c, s, _wrong(list(DIRECTIONS), d, rng), rng)
+        return describe(c, s, _other(list(DIRECTIONS), d, rng), rng)
     if kind == "added":  # a false attribute on top of a correct description
         extra = (
-            f" moving {_wrong(list(DIRECTIONS), d or '', rng)}"
+            f" moving {_other(list(DIRECTIONS), d or '', rng)}"
             if d is None
-            else f" and a {_wrong(palette, c, rng)} one"
+            else f" and a {_other(palette, c, rng)} one"
         )
         return describe(c, s, d, rng) + extra
     if kind == "missing":
@@ -353,7 +349,7 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
         tail = words[k:] if rng.random() < 0.5 else [words[k][: max(2, len(words[k]) // 2)]]
         return " ".join(words[: k + 1] + tail)
     if kind == "two":  # a correct description followed by another object's
-        other = describe(_wrong(palette, c, rng), _wrong(SHAPES, s, rng), d, rng)
+        other = describe(_other(palette, c, rng), _other(SHAPES, s, rng), d, rng)
         return describe(c, s, d, rng) + " " + other
     if kind == "garble":  # letters dropped, doubled or swapped in a word or two
         original = describe(c, s, d, rng)
