@@ -302,6 +302,11 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.4  # vllm: share of the device its KV cache may take
     sleep_level: Literal[0, 1, 2] = 1  # vllm: sleep during training (0: stay awake)
     is_cap: float = 2.0  # vllm: each token's loss times min(exp(trainer - engine logprob), cap)
+    # long tail (docs/placement.md): dispatch ceil(r x prompts) prompts per generate call,
+    # stop decoding once the batch's groups are complete, keep the rest for the next step
+    over_dispatch_ratio: float = 1.0  # 1: every dispatched prompt is trained on (no carry)
+    reuse_unused_prompts: bool = True  # carry cut-short prompts to the next step (else drop)
+    max_carries: int = 2  # a prompt cut short this many times must finish next time (0: no cap)
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,8 @@ class Controller:
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
         from mmyatt.placement.runner import Placement
 
-        self.placement = Placement(cfg, dist)  # which cores each phase runs on (placement.*)
+        # which cores each phase runs on (placement.*), which records each call generates
+        self.placement = Placement(cfg, dist, shard)
         if cfg.model.ema_decay is not None:
             require(policy, EMA, f"model.ema_decay={cfg.model.ema_decay}")
         if cfg.algorithm.kl_coef > 0:
@@ -151,10 +152,11 @@ class Controller:
         candidate_groups = dropped_groups = rounds = 0
         reward_sum = samples_scored = 0.0
         while True:
-            records = self.shard.next_batch(self.local_prompts)
-            self.consumed += [rec["_index"] for rec in records]
-            # generate, then score (how: placement.mode; partial streams groups to the judge)
-            scored = self.placement.generate_and_score(self, records, self.train_sampling(), timer)
+            # draw, generate, then score (how: placement.mode; partial streams groups to the
+            # judge; rollout.over_dispatch_ratio > 1 dispatches more and keeps the rest)
+            scored = self.placement.generate_and_score(
+                self, self.local_prompts, self.train_sampling(), timer
+            )
             last_scored = scored  # gives an empty rollout its shapes if no group is kept
             reward_sum += float(scored.rewards.sum())
             samples_scored += len(scored)
@@ -417,7 +419,10 @@ class Controller:
         """This controller's own state: its data cursor and RNG streams."""
         from mmyatt.checkpoint import rng_state
 
-        return {"cursor": self.shard.state_dict(), "rng": rng_state()}
+        local = {"cursor": self.shard.state_dict(), "rng": rng_state()}
+        if self.placement.dispatch.active:  # prompts carried to the next step
+            local["carried"] = self.placement.dispatch.state_dict()
+        return local
 
     def load_state(self, shared: dict, local: dict) -> int:
         from mmyatt.checkpoint import load_scheduler_state, set_rng_state
@@ -433,6 +438,7 @@ class Controller:
         if self.nft is not None and shared.get("nft_old") is not None:
             self.nft.load_state_dict(shared["nft_old"])
         self.shard.load_state_dict(local["cursor"])
+        self.placement.dispatch.load_state_dict(local.get("carried", []))
         set_rng_state(local["rng"])
         return self.step_count
 

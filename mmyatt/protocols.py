@@ -52,6 +52,11 @@ class Sampling:
     guidance_scale: float = 1.0  # 1.0 = no CFG
     sde_steps: tuple[int, ...] | None = None  # stochastic steps; ODE elsewhere (Flow-GRPO-Fast)
     train_steps: tuple[int, ...] | None = None  # steps that become actions (subset of sde_steps)
+    # text over-dispatch (rollout.over_dispatch_ratio): stop decoding once this many prompt
+    # groups have every sample finished and so have the groups in must_finish (indices);
+    # the other groups come back cut short. 0: decode until every sample has finished.
+    complete_groups: int = 0
+    must_finish: tuple[int, ...] = ()
 
 
 @runtime_checkable

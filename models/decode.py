@@ -132,6 +132,8 @@ def decode(
     eos: Tensor,
     pad_id: int,
     stop_hits: Callable[[Tensor, int, Tensor], Tensor] | None = None,
+    complete_groups: int = 0,
+    must_finish: tuple[int, ...] = (),
 ) -> Decoded:
     """Sample up to ``max_new_tokens`` tokens per row.
 
@@ -141,6 +143,9 @@ def decode(
     rows)`` -> (N,) bool marks rows (among ``rows``) that a stop string ends at step t.
     Finished rows keep decoding so batch shapes stay fixed; their output is ignored.
     Rows ``i * group .. (i + 1) * group - 1`` draw only from ``generators[i]``.
+    ``complete_groups`` > 0 (over-dispatch): stop once that many groups have all their
+    rows finished and so have the groups ``must_finish``; the other rows are cut short
+    (neither stopped nor at the budget).
     """
     N, V = first_logits.shape
     A, device = max_new_tokens, first_logits.device
@@ -170,6 +175,10 @@ def decode(
         finished |= hit
         if t == A - 1 or bool(finished.all()):
             break
+        if complete_groups and bool(hit.any()):
+            done = finished.view(-1, group).all(1)
+            if int(done.sum()) >= complete_groups and bool(done[list(must_finish)].all()):
+                break
         raw = forward_next(token, t)
     return Decoded(actions, logprobs, mask, stopped)
 

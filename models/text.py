@@ -241,6 +241,8 @@ class TextPolicy:
             eos=torch.tensor(sorted(self.eos_ids), dtype=torch.long),
             pad_id=self.pad_id,
             stop_hits=stop,
+            complete_groups=sampling.complete_groups,
+            must_finish=sampling.must_finish,
         )
         actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
         N = actions.shape[0]

@@ -125,6 +125,7 @@ def candidate_plans(cfg: RunConfig, available: list[int] | None = None) -> list[
 def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
     """Every check of the placement section; raises ConfigError naming the key."""
     p = cfg.placement
+    check_over_dispatch(cfg)
     if p.mode not in MODES:
         raise _error(f"placement.mode={p.mode!r} is not one of {', '.join(MODES)}")
     for key, value, low in (
@@ -169,3 +170,21 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
                 f"reward.functions {z} use zscore, which standardises over the whole batch; "
                 "drop zscore or use placement.mode=colocate"
             )
+
+
+def check_over_dispatch(cfg: RunConfig) -> None:
+    """rollout.over_dispatch_ratio / max_carries (mmyatt/placement/dispatch.py)."""
+    from mmyatt.config import ConfigError
+
+    ro = cfg.rollout
+    if not ro.over_dispatch_ratio >= 1:
+        raise ConfigError(f"rollout.over_dispatch_ratio must be >= 1, got {ro.over_dispatch_ratio}")
+    if ro.max_carries < 0:
+        raise ConfigError(f"rollout.max_carries must be >= 0, got {ro.max_carries}")
+    if ro.over_dispatch_ratio > 1 and (cfg.model.kind != "text" or ro.backend != "hf"):
+        raise ConfigError(
+            f"rollout.over_dispatch_ratio={ro.over_dispatch_ratio} stops decoding once the "
+            "batch's groups are complete, which only the hf text policy does "
+            f"(model.kind={cfg.model.kind}, rollout.backend={ro.backend}); issue 14: "
+            "over-dispatch for VLM, flow and vLLM rollouts is not implemented"
+        )

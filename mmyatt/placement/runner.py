@@ -26,18 +26,25 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
 from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
+from mmyatt.placement.dispatch import OverDispatch
 
 MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
 
 
 class Placement:
-    def __init__(self, cfg, dist, log=print):
+    def __init__(self, cfg, dist, shard=None, log=print):
         p = cfg.placement
         self.cfg, self.dist, self.mode = cfg, dist, p.mode
+        ro = cfg.rollout
+        # which records each generate call gets (rollout.over_dispatch_ratio; dispatch.py)
+        self.dispatch = OverDispatch(
+            ro.over_dispatch_ratio, shard, reuse=ro.reuse_unused_prompts, max_carries=ro.max_carries
+        )
         self.log = log if dist.is_main else (lambda *a, **k: None)
         self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
             cfg.reward.judge.model or cfg.reward.judge.urls
@@ -114,8 +121,21 @@ class Placement:
             self.judge_plan = (tuple(cores), threads)
 
     # ------------------------------------------------------------------ the modes
-    def generate_and_score(self, ctl, records, sampling, timer):
-        """Generate this rank's ``records`` and score them, as the mode says."""
+    def _generate(self, ctl, n: int, sampling):
+        """``n`` prompt groups: the next records (over-dispatched when
+        rollout.over_dispatch_ratio > 1, then cut to the first ``n`` complete groups)."""
+        d = self.dispatch
+        records = d.draw(n)
+        if d.active:
+            must = d.must_finish(records)
+            sampling = replace(sampling, complete_groups=n, must_finish=must)
+        r = ctl.generate(records, sampling)
+        r, used = d.select(r, records, n, sampling.max_new_tokens)
+        ctl.consumed += [rec["_index"] for rec in used]
+        return r
+
+    def generate_and_score(self, ctl, n, sampling, timer):
+        """Generate ``n`` prompt groups on this rank and score them, as the mode says."""
         if not self._in_step:
             self._begin_step()
         plan = self.plan
@@ -123,7 +143,7 @@ class Placement:
             self._phase_start()
             t0 = time.perf_counter()
             with timer("generate"):
-                r = ctl.generate(records, sampling)
+                r = self._generate(ctl, n, sampling)
             self._acc["gen_s"] += time.perf_counter() - t0
             self._phase_end("generate")
             self._phase_start()
@@ -132,19 +152,19 @@ class Placement:
             self._phase_end("judge")
             self._phase_start()
         elif plan.mode == "partial":
-            r = self._partial(ctl, records, sampling, timer, plan)
+            r = self._partial(ctl, n, sampling, timer, plan)
         else:
-            r = self._colocate(ctl, records, sampling, timer, plan)
+            r = self._colocate(ctl, n, sampling, timer, plan)
         self._collect_end = time.perf_counter()
         return r
 
-    def _colocate(self, ctl, records, sampling, timer, plan: CorePlan):
+    def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
         self._phase_start()
         res.use_cores(plan.rollout, sharers=P)
         t0 = time.perf_counter()
         with timer("generate"):
-            r = ctl.generate(records, sampling)
+            r = self._generate(ctl, n, sampling)
         self._acc["gen_s"] += time.perf_counter() - t0
         with timer("wait"):  # the long tail: the judge phase starts when all have generated
             t0 = time.perf_counter()
@@ -169,7 +189,7 @@ class Placement:
         res.use_cores(plan.train, sharers=P)
         return r
 
-    def _partial(self, ctl, records, sampling, timer, plan: CorePlan):
+    def _partial(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
         self._phase_start()
         if self.judges is not None:
@@ -177,7 +197,7 @@ class Placement:
             self._place_judge(plan.judge, len(plan.judge))
         res.use_cores(plan.rollout, sharers=P)
         k = self.cfg.placement.stream_groups
-        chunks = [records[i : i + k] for i in range(0, len(records), k)]
+        chunks = [min(k, n - i) for i in range(0, n, k)]  # groups per chunk
         futures, parts = [], []
 
         def judge(rollout):
@@ -188,7 +208,7 @@ class Placement:
         with ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge") as pool:
             with timer("generate"):
                 for chunk in chunks:
-                    part = ctl.generate(chunk, sampling)
+                    part = self._generate(ctl, chunk, sampling)
                     parts.append(part)
                     futures.append(pool.submit(judge, part))
             self._acc["gen_s"] += time.perf_counter() - t0
@@ -230,6 +250,7 @@ class Placement:
         if not self._in_step:
             return {}
         self._in_step = False
+        carry = self.dispatch.end_step()
         end = time.perf_counter()
         step_s = end - self._t0
         train_s = end - self._collect_end  # advantages, log-probs, update: every core
@@ -284,6 +305,8 @@ class Placement:
             out[f"placement/peak_rss_mb_{name}"] = v
         if peaks:
             out["placement/peak_rss_mb"] = max(peaks.values())
+        if self.dispatch.active:
+            out.update(self.dist.sum_many(carry))
         if self.auto is not None:
             if self.predicted is not None:
                 out["placement/predicted_step_s"] = self.predicted

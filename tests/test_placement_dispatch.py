@@ -1,0 +1,182 @@
+"""Long-tail over-dispatch (rollout.over_dispatch_ratio): which prompts each step trains
+on (worked by hand), the decode stopping once the batch's groups are complete (a tiny
+text model: the kept samples are the ones a full decode draws), resume equal to an
+uninterrupted run, and the config checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from bandit_policy import BanditPolicy
+
+from mmyatt.checkpoint import flatten_state, unflatten_state
+from mmyatt.config import ConfigError, load_config
+from mmyatt.controller import Controller
+from mmyatt.datasets.manifest import ShardedManifest
+from mmyatt.datasets.synthetic import write_jsonl
+from mmyatt.distributed import Dist
+from mmyatt.rewards.rules import WeightedReward
+
+# record i needs LENS[i] decode steps (every sample of its group)
+LENS = [5, 9, 3, 2, 8, 4, 1, 9, 9, 2, 3, 4]
+
+
+def arm_reward(completion: str, record: dict) -> float:
+    return float(completion == "2")
+
+
+class LengthPolicy(BanditPolicy):
+    """A bandit whose groups take ``record["len"]`` decode steps: with complete_groups
+    it stops as the text decode does (once that many groups and every must_finish group
+    are done) and marks the other groups cut short."""
+
+    def generate(self, prompts, group_size, sampling, seeds):
+        r = super().generate(prompts, group_size, sampling, seeds)
+        lens = [p["len"] for p in prompts]
+        if sampling.complete_groups:
+            stop = max(
+                min(
+                    t for t in sorted(lens) if sum(x <= t for x in lens) >= sampling.complete_groups
+                ),
+                max([lens[i] for i in sampling.must_finish], default=0),
+            )
+            cut = torch.tensor([x > stop for x in lens]).repeat_interleave(group_size)
+            r.truncated = cut
+        return r
+
+
+def controller(tmp: Path, overrides=()) -> Controller:
+    manifest = tmp / "m.jsonl"
+    recs = [{"prompt": f"p{i}", "answer": "2", "len": n, "id": f"r{i}"} for i, n in enumerate(LENS)]
+    write_jsonl(manifest, recs)
+    cfg = load_config(
+        None,
+        [
+            "sampling.group_size=2",
+            "data.prompts_per_step=2",
+            "data.shuffle=false",
+            "optim.lr=0.1",
+            "rollout.over_dispatch_ratio=1.5",
+            "reward.functions=[{name: 'test_placement_dispatch:arm_reward'}]",
+            *overrides,
+        ],
+    )
+    return Controller(
+        cfg,
+        tmp,
+        Dist(),
+        policy=LengthPolicy(seed=0),
+        reward=WeightedReward([{"name": "test_placement_dispatch:arm_reward"}]),
+        shard=ShardedManifest([str(manifest)], rank=0, world_size=1, seed=0, shuffle=False),
+        eval_records=[],
+    )
+
+
+def test_data_order_by_hand(tmp_path):
+    ctl = controller(tmp_path)
+    trained, carried = [], []
+    for _ in range(4):
+        m = ctl.step()
+        trained.append(ctl.consumed)
+        carried.append([r["_index"] for r in ctl.placement.dispatch.carried])
+        assert m["rollout/dispatched_prompts"] == 3.0
+    # step 1: dispatch 0 1 2 (5, 9, 3 steps): 0 and 2 done at step 5, 1 cut short
+    # step 2: 1 (carried once), 3, 4 (9, 2, 8): 3 and 4 done at 8, 1 cut short again
+    # step 3: 1 (carried twice: must finish), 5, 6 (9, 4, 1): all done at 9; the batch is
+    #         the first two in dispatch order, 1 and 5; 6 is complete but left over
+    # step 4: 6, 7, 8 (1, 9, 9): all done at 9; 6 and 7 trained, 8 left over
+    assert trained == [[0, 2], [3, 4], [1, 5], [6, 7]]
+    assert carried == [[1], [1], [6], [8]]
+    assert [r["_carries"] for r in ctl.placement.dispatch.carried] == [0]
+    assert ctl.shard.state_dict()["pos"] == 9  # 2 fresh per step after the first 3
+
+
+def test_without_reuse_cut_prompts_are_dropped(tmp_path):
+    ctl = controller(tmp_path, ["rollout.reuse_unused_prompts=false"])
+    trained = []
+    for _ in range(3):
+        m = ctl.step()
+        trained.append(ctl.consumed)
+    # step 1: 0 1 2 (5, 9, 3): 1 cut short and dropped; step 2: 3 4 5 (2, 8, 4): 4 cut
+    # short; step 3: 6 7 8 (1, 9, 9): all complete, 8 left over and dropped
+    assert trained == [[0, 2], [3, 5], [6, 7]]
+    assert m["rollout/cut_short_prompts"] == 0.0 and m["rollout/unused_complete_prompts"] == 1.0
+    assert m["rollout/carried_prompts"] == 0.0
+
+
+def test_ratio_one_is_unchanged(tmp_path):
+    ctl = controller(tmp_path, ["rollout.over_dispatch_ratio=1"])
+    for _ in range(3):
+        m = ctl.step()
+    assert ctl.consumed == [4, 5] and "rollout/carried_prompts" not in m
+    assert "carried" not in ctl.local_state()
+
+
+def _weights(ctl):
+    return [p.detach().clone() for p in ctl.params]
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    full = controller(tmp_path / "a")
+    order_full = []
+    for _ in range(5):
+        full.step()
+        order_full.append(full.consumed)
+    first = controller(tmp_path / "b")
+    order = []
+    for _ in range(2):
+        first.step()
+        order.append(first.consumed)
+    # through the checkpoint's own encoding (safetensors + JSON)
+    saved = [flatten_state(s) for s in (first.shared_state(), first.local_state())]
+    assert json.dumps(saved[1][1])  # the carried prompts are plain JSON
+    shared, local = (unflatten_state(t, m) for t, m in saved)
+    assert [c[0] for c in local["carried"]] == [1]
+    resumed = controller(tmp_path / "c")
+    resumed.load_state(shared, local)
+    for _ in range(3):
+        resumed.step()
+        order.append(resumed.consumed)
+    assert order == order_full
+    assert all(torch.equal(a, b) for a, b in zip(_weights(full), _weights(resumed)))
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="over_dispatch_ratio must be >= 1"):
+        load_config(None, ["rollout.over_dispatch_ratio=0.5"])
+    with pytest.raises(ConfigError, match="issue 14: over-dispatch for VLM, flow"):
+        load_config(None, ["rollout.over_dispatch_ratio=1.5", "model.kind=flow"])
+    with pytest.raises(ConfigError, match="max_carries must be >= 0"):
+        load_config(None, ["rollout.max_carries=-1"])
+
+
+def test_text_decode_stops_when_the_batch_is_complete(tmp_path):
+    """The real decode loop: complete_groups=2 of 4 prompts stops early; the two kept
+    groups hold the samples a full decode draws for them (per-prompt seeds)."""
+    from mmyatt.models.text import TextPolicy
+    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.placement.dispatch import complete_groups
+    from mmyatt.protocols import Sampling
+
+    corpus = ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20
+    path = build_tiny_text_model(tmp_path / "m", size="qwen2-0.1m", corpus=corpus, seed=0)
+    policy = TextPolicy.load(path)
+    prompts = [{"prompt": p, "_index": i} for i, p in enumerate(["a b", "c d", "e f", "g h"])]
+    seeds = [11, 12, 13, 14]
+    base = Sampling(max_new_tokens=24, stop=(" ",))
+    full = policy.generate(prompts, 2, base, seeds)
+    lens_full = full.mask.sum(1).view(4, 2).amax(1)
+    cut = policy.generate(
+        prompts, 2, Sampling(max_new_tokens=24, stop=(" ",), complete_groups=2), seeds
+    )
+    done = complete_groups(cut, 4, 24)
+    assert sum(done) >= 2 and not all(done)  # stopped before every group finished
+    stop_t = int(cut.mask.sum(1).max())
+    assert stop_t == sorted(lens_full.tolist())[1]  # when the second group finished
+    for g in (i for i, ok in enumerate(done) if ok):
+        rows = slice(2 * g, 2 * g + 2)
+        assert cut.outputs[rows] == full.outputs[rows]
+        torch.testing.assert_close(cut.logprobs[rows], full.logprobs[rows])
