@@ -191,7 +191,7 @@ def critic_vs_rule(generator_dir: str | Path, n: int = 192, seed: int = 60_000) 
     """Score ``n`` 20-step ODE samples of a flow model (random captions) with the critic
     and with ``prompt_alignment_rule``: their means, correlation and how often they give
     the same verdict at 0.5."""
-    from mmyatt.datasets.vision_tasks import generator_samples
+    from mmyatt.models.judge_training import generator_samples
     from mmyatt.rewards.image import prompt_alignment_rule, shape_critic
 
     samples = generator_samples(

@@ -15,6 +15,7 @@ from mmyatt.builders import freeze_parameters
 from mmyatt.datasets import vision_tasks as vt
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, draw_shape, is_heldout
 from mmyatt.models.flow_sde import kl_closed_form, within_blocks
+from mmyatt.models.judge_training import rule_judge_records
 from mmyatt.rewards.quality import texture, texture_metrics
 from mmyatt.run import print_summary
 
@@ -47,7 +48,7 @@ def test_rule_judge_claims_avoid_heldout_combinations():
         {"colour": c, "shape": s, "image": draw_shape(c, s, rng=i)}
         for i, (c, s) in enumerate([("red", "circle"), ("blue", "square"), ("green", "circle")] * 8)
     ]
-    recs = vt.rule_judge_records(samples, seed=0, exclude=HELDOUT)
+    recs = rule_judge_records(samples, seed=0, exclude=HELDOUT)
     assert len(recs) == 2 * len(samples)
     assert not any(is_heldout((r["claimed_colour"], r["claimed_shape"]), HELDOUT) for r in recs)
 

@@ -253,7 +253,8 @@ def test_builtin_tiny_judge_answers_yes_no():
     """On the combinations it was trained on; the held-out ones it never saw are its
     known weakness (models/builtin/tiny_judge/README.md)."""
     from mmyatt.datasets.shapes import HELDOUT
-    from mmyatt.datasets.vision_tasks import judge_accuracy, judge_records
+    from mmyatt.datasets.vision_tasks import judge_records
+    from mmyatt.models.judge_training import judge_accuracy
 
     judge = VLMPolicy.load(BUILTIN_JUDGE, max_prompt_tokens=64)
     records = judge_records(48, seed=123, exclude=HELDOUT)
