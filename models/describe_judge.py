@@ -135,6 +135,7 @@ def train_describe_judge(
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
 
+    from mmyatt.lr_schedule import cosine_schedule
     from mmyatt.models.vlm import VLMPolicy
 
     say = log or (lambda _m: None)
@@ -148,9 +149,8 @@ def train_describe_judge(
     val = eval_sets(n_eval, split="val", seed=seed)
     best: dict[str, Any] = {"score": -1.0}
     t0 = time.perf_counter()
+    schedule = cosine_schedule(opt, steps, floor=0.1)
     for step in range(1, steps + 1):
-        for g in opt.param_groups:
-            g["lr"] = lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 1) / steps)))
         model.train()
         batch = training_batch(
             batch_size,
@@ -163,6 +163,7 @@ def train_describe_judge(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        schedule.step()
         if step % eval_every == 0 or step == steps:
             model.eval()
             m = {k: judge_metrics(policy, v) for k, v in val.items()}

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
@@ -72,6 +71,7 @@ from mmyatt.datasets.shapes import (
     moving_shape_clip,
     shape_records,
 )
+from mmyatt.lr_schedule import cosine_schedule
 from mmyatt.models.flow import FlowPolicy, build_tiny_flow_model
 from mmyatt.models.protocol import Sampling, prompt_seed
 
@@ -274,13 +274,7 @@ def _train(
         params = params + text_params
     opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        frac = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * frac))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = cosine_schedule(opt, steps, warmup=warmup, floor=0.1)
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
     n_params = sum(p.numel() for p in policy.transformer.parameters())

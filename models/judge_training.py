@@ -15,7 +15,6 @@ what trains or scores a judge on it:
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from mmyatt.datasets.vision_tasks import (
     judge_training_mix,
     shape_records,
 )
+from mmyatt.lr_schedule import cosine_schedule
 
 
 # --- judge evaluation ------------------------------------------------------------------
@@ -224,16 +224,19 @@ def train_judge(
     history: list[dict] = []
     best: dict[str, Any] = {"accuracy": -1.0}
     step, stage, stage_start = 0, 0, 0
+    schedule = None  # the judge stage's: a cosine from lr to lr / 10 over judge_steps, then flat
     while True:
         name, make = stages[stage]
-        if name == "judge":  # cosine from lr to lr / 10 over judge_steps, then flat
-            _set_cosine_lr(opt, lr, min(1.0, (step - stage_start) / judge_steps))
+        if name == "judge" and schedule is None:
+            schedule = cosine_schedule(opt, judge_steps, floor=0.1)
         batch = make(1_000_000 * (seed + 1) + step)
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if schedule is not None:
+            schedule.step()
         step += 1
         elapsed = time.perf_counter() - start
         out_of_time = elapsed > minutes * 60
@@ -274,12 +277,6 @@ def train_judge(
                 )
                 say(json.dumps({"test_image_side": side, **test[side]}))
     return {"best": best, "test": test, "history": history, "steps": step, "seconds": seconds}
-
-
-def _set_cosine_lr(opt, lr: float, progress: float) -> None:
-    """A cosine from ``lr`` (progress 0) to ``lr / 10`` (progress 1)."""
-    for group in opt.param_groups:
-        group["lr"] = lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
 def _judge_corpus() -> list[str]:
@@ -498,8 +495,8 @@ def finetune_judge_on_generator(
     best: dict[str, Any] = {"gen_agreement": -1.0}
     history = [start]
     model.train()
+    schedule = cosine_schedule(opt, steps - 1, floor=0.1)  # lr / 10 at the last step
     for step in range(1, steps + 1):
-        _set_cosine_lr(opt, lr, (step - 1) / max(1, steps - 1))
         picks = rng.choice(len(train_pool), size=n_gen, replace=False)
         batch = [train_pool[int(i)] for i in picks]
         batch += judge_training_mix(
@@ -516,6 +513,7 @@ def finetune_judge_on_generator(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        schedule.step()
         if step % eval_every == 0 or step == steps:
             m = measure(step, float(loss.detach()))
             history.append(m)

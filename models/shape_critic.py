@@ -23,7 +23,6 @@ fresh drawings and its agreement with the rule on generator samples are in
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from PIL import Image, ImageFilter
 from torch import nn
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES, draw_shape
+from mmyatt.lr_schedule import cosine_schedule
 
 __all__ = [
     "ShapeCritic",
@@ -161,10 +161,9 @@ def train_shape_critic(
     model = ShapeCritic()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
+    schedule = cosine_schedule(opt, steps)  # to zero
     start = time.perf_counter()
     for step in range(steps):
-        for g in opt.param_groups:  # cosine to zero
-            g["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
         images, cols, shps = critic_batch(batch_size, seed=1_000_000 * (seed + 1) + step)
         model.train()
         c, s = model(model.to_tensor(images))
@@ -172,6 +171,7 @@ def train_shape_critic(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        schedule.step()
         if log and (step + 1) % 250 == 0:
             log(f"[critic] step {step + 1}/{steps} loss {loss.item():.4f}")
     info = {"steps": steps, "seconds": round(time.perf_counter() - start, 1)}
