@@ -263,6 +263,10 @@ class PlacementConfig:
     reevaluate_every: int = 10  # auto: steps between re-evaluations
     drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much
     log_memory: bool = True  # per-phase peak RSS (placement/peak_rss_mb_<phase>)
+    # Karmarkar-Karp over the controllers each step: every rank trains the same number of
+    # samples with nearly the same work (text tokens, denoising transitions); only token /
+    # latent tensors move between ranks (mmyatt/placement/exchange.py)
+    balance: bool = False
 
 
 @dataclass(frozen=True)

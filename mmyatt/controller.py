@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from mmyatt import algorithms as alg
+from mmyatt.batches import first_groups, group_index
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.metrics import MetricsLogger, PhaseTimer
@@ -133,14 +134,16 @@ class Controller:
             return {**dyn, **timer.metrics(), "step/skipped_nonfinite_reward": 1.0}
         with timer("advantage"):
             rollout.advantages = self.advantages(rollout)
+        # placement.balance: samples re-partitioned over the controllers (token tensors move)
+        train, bal = self.placement.balance(rollout, timer)
         with timer("logprob"):
-            rollout = self.old_and_reference_logprobs(rollout)
+            train = self.old_and_reference_logprobs(train)
         with timer("update"):
-            upd = self.update(rollout)
+            upd = self.update(train)
             if self.nft is not None:  # the sampling policy trails the trained one
                 upd["nft/old_decay"] = self.nft.update_old(self.step_count + 1)
-        self.last_rollout = rollout
-        return {**self.rollout_metrics(rollout), **dyn, **upd, **timer.metrics()}
+        self.last_rollout = rollout if bal else train  # this rank's own samples
+        return {**self.rollout_metrics(rollout), **dyn, **upd, **bal, **timer.metrics()}
 
     # ------------------------------------------------------------------ phases
     def collect(self, timer: PhaseTimer) -> tuple[Rollout | None, dict]:
@@ -175,7 +178,7 @@ class Controller:
         quota = alg.allocate_quota(counts, target)[self.dist.rank]
         # a rank may keep no group while others do: it still takes part in every collective
         # of the step, with an empty (N = 0) rollout of the right shapes
-        rollout = self._first_groups(kept or [last_scored], quota)
+        rollout = first_groups(kept or [last_scored], quota)
         total = self.dist.sum_many(
             {
                 "kept_groups": quota,
@@ -252,7 +255,7 @@ class Controller:
         return r
 
     def drop_zero_variance_groups(self, r: Rollout) -> tuple[Rollout | None, int]:
-        index = self.group_index(r)
+        index = group_index(r)
         keep = alg.group_has_variance(r.rewards, index)
         # non-finite rewards must reach the skip check in `step`, so such groups stay
         keep[index[~torch.isfinite(r.rewards)]] = True
@@ -266,9 +269,7 @@ class Controller:
         kw = (
             {"std_mode": a.advantage_std, "clip": a.advantage_clip} if a.advantage == "grpo" else {}
         )
-        return alg.compute_advantages(
-            a.advantage, r.rewards, self.group_index(r), reduce=reduce, **kw
-        )
+        return alg.compute_advantages(a.advantage, r.rewards, group_index(r), reduce=reduce, **kw)
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
@@ -293,7 +294,7 @@ class Controller:
         sums: dict[str, float] = {}
         steps = skipped = 0
         for _ in range(a.ppo_epochs):
-            for mb in self._minibatches(r, a.minibatches):
+            for mb in self.placement.minibatches(r, a.minibatches):
                 stats = self._minibatch_step(mb)
                 if stats is None:
                     skipped += 1
@@ -603,34 +604,6 @@ class Controller:
             denoise_steps=s.eval_denoise_steps,
             guidance_scale=s.guidance_scale,
         )
-
-    @staticmethod
-    def group_index(r: Rollout) -> torch.Tensor:
-        index = torch.empty(len(r), dtype=torch.long)
-        for g, sl in enumerate(r.group_slices()):
-            index[sl] = g
-        return index
-
-    @staticmethod
-    def _first_groups(parts: list[Rollout], n_groups: int) -> Rollout:
-        r = Rollout.concat(parts)
-        slices = r.group_slices()[:n_groups]
-        return r.select([i for sl in slices for i in range(sl.start, sl.stop)])
-
-    @staticmethod
-    def _minibatches(r: Rollout, m: int) -> list[Rollout | None]:
-        """m chunks of whole groups, in order; a rank with fewer groups gets empty chunks,
-        so every rank takes the same number of optimizer steps."""
-        slices = r.group_slices()
-        per, extra = divmod(len(slices), m)
-        out, start = [], 0
-        for i in range(m):
-            k = per + (1 if i < extra else 0)
-            chunk = slices[start : start + k]
-            start += k
-            idx = [j for sl in chunk for j in range(sl.start, sl.stop)]
-            out.append(r.select(idx) if idx else None)
-        return out
 
     def _lr_factor(self, step: int) -> float:
         o, total = self.cfg.optim, max(self.cfg.trainer.steps, 1)

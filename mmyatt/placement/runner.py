@@ -49,6 +49,12 @@ class Placement:
         self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
             cfg.reward.judge.model or cfg.reward.judge.urls
         )
+        self.exchange = None  # placement.balance with more than one controller
+        if p.balance and dist.world_size > 1:
+            from mmyatt.placement.exchange import Exchange
+
+            self.exchange = Exchange(dist, cfg.model.kind)
+        self._balanced = False
         self.judges = None
         if dist.is_main and self.has_judge and (p.mode != "shared" or p.log_memory):
             # shared mode only reads the judges' counters (CPU, busy time, memory)
@@ -243,6 +249,30 @@ class Placement:
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=P)
         return r
+
+    # ------------------------------------------------------------------ balancing
+    def balance(self, r, timer):
+        """placement.balance: this rank's share of the step's samples after the
+        Karmarkar-Karp exchange, and max/mean rank work before and after; else ``r``."""
+        from mmyatt.batches import minibatches
+
+        self._balanced = False
+        if self.exchange is None:
+            return r, {}
+        with timer("balance"):
+            out, stats = self.exchange.balance(minibatches(r, self.cfg.algorithm.minibatches))
+        self._balanced = True
+        stats["placement/balance_moved"] = float(self.dist.sum(stats["placement/balance_moved"]))
+        return (out if out is not None else r.select([])), stats
+
+    def minibatches(self, r, m: int):
+        """The step's minibatches: as the exchange left them when balanced, else m
+        chunks of whole groups (mmyatt/batches.py)."""
+        from mmyatt.batches import minibatches
+
+        if self._balanced:
+            return self.exchange.split(r)
+        return minibatches(r, m)
 
     def end_step(self) -> dict:
         """Metrics of the step that just ended: placement/* (mode, split, phase times,

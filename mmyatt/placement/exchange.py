@@ -1,0 +1,226 @@
+"""Balanced controllers in the step (``placement.balance``): after advantages, each
+minibatch's samples are re-partitioned over the controllers with Karmarkar-Karp
+(``balance.py``) so that every rank gets the same number of samples and nearly the
+same training work; the samples that change rank travel as tensors over the process
+group (point-to-point sends, gloo on CPU).
+
+What travels: the token / latent tensors a sample trains on (actions, sampling
+log-probs, mask, the adapter's tensor context such as ``input_ids`` / latents,
+advantages, rewards) and its prompt id. What never travels: media and decoded outputs
+(``outputs``, ``records``); a received sample has none (the rollout log and metrics use
+each rank's own samples, before the exchange).
+
+Minibatch j of the balanced step holds exactly the samples that minibatch j of every
+rank held before (only their rank changes), and the gradient all-reduce sums over all
+ranks, so the update is the one without balancing, up to summation order
+(tests/test_placement_exchange.py). Every rank runs the same number of minibatches and,
+with an equal-size partition, the same number of samples in each.
+
+Text contexts of different prompt widths are joined by left-padding ``input_ids`` /
+``attention_mask`` (masked columns: positions come from the mask); action tensors have
+the same width on every rank (the token budget, the denoising schedule). VLM contexts hold media (pixel values): not exchanged
+(issue 14: balancing VLM steps is not implemented).
+"""
+
+from __future__ import annotations
+
+import io
+
+import torch
+import torch.distributed as tdist
+
+from mmyatt.placement.balance import karmarkar_karp, sample_cost
+from mmyatt.rollout import Rollout
+
+LEFT_PADDED = ("input_ids", "attention_mask")  # text context: prompt left-padded
+
+
+def sample_costs(r: Rollout | None, kind: str) -> list[float]:
+    """Training work per sample (cost model of balance.py): text tokens (prompt and
+    completion) for text; trained denoising transitions for flow models."""
+    if r is None or len(r) == 0:
+        return []
+    if kind == "flow":
+        return [sample_cost(transitions=float(n)) for n in r.mask.sum(1).tolist()]
+    attn = r.context.get("attention_mask")
+    tokens = attn.sum(1) if attn is not None else r.mask.sum(1)
+    return [sample_cost(text_tokens=float(n)) for n in tokens.tolist()]
+
+
+def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
+    """Rank for each part: greedily the pairs (part, rank) sharing the most samples
+    first, so that as few samples as possible move."""
+    pairs = []
+    for p, items in enumerate(parts):
+        count = [0] * P
+        for g in items:
+            count[owner[g]] += 1
+        pairs += [(-count[r], p, r) for r in range(P)]
+    rank_of, used = [-1] * len(parts), set()
+    for _, p, r in sorted(pairs):
+        if rank_of[p] < 0 and r not in used:
+            rank_of[p], used = r, used | {r}
+    return rank_of
+
+
+class Exchange:
+    def __init__(self, dist, kind: str):
+        if kind == "vlm":
+            raise NotImplementedError(
+                "issue 14: placement.balance for VLM policies is not implemented (their "
+                "rollout context holds media, which balancing never moves)"
+            )
+        self.dist, self.kind = dist, kind
+        self.sizes: list[int] | None = None  # samples per minibatch on this rank, after
+
+    def balance(self, minibatches: list[Rollout | None]) -> tuple[Rollout | None, dict]:
+        """This rank's balanced samples (minibatches concatenated; ``self.sizes`` gives
+        their lengths) and max/mean rank work before and after."""
+        P, me = self.dist.world_size, self.dist.rank
+        local = [sample_costs(mb, self.kind) for mb in minibatches]
+        everyone = [None] * P
+        tdist.all_gather_object(everyone, local)
+        send: dict[int, list[list[int]]] = {}  # dest -> per minibatch, local rows
+        recv_from: dict[int, list[int]] = {}  # src -> per minibatch, rows expected
+        keep: list[list[int]] = []
+        before, after = [0.0] * P, [0.0] * P
+        for j in range(len(minibatches)):
+            costs, owner, row = [], [], []
+            for r in range(P):
+                costs += everyone[r][j]
+                owner += [r] * len(everyone[r][j])
+                row += list(range(len(everyone[r][j])))
+            for g, c in enumerate(costs):
+                before[owner[g]] += c
+            parts = karmarkar_karp(costs, P, equal_size=len(costs) % P == 0)
+            rank_of = assign_parts(parts, owner, P)
+            mine = []
+            for p, items in enumerate(parts):
+                dest = rank_of[p]
+                after[dest] += sum(costs[g] for g in items)
+                for g in items:
+                    src = owner[g]
+                    if src == me and dest == me:
+                        mine.append(row[g])
+                    elif src == me:
+                        send.setdefault(dest, [[] for _ in minibatches])[j].append(row[g])
+                    elif dest == me:
+                        recv_from.setdefault(src, [0] * len(minibatches))[j] += 1
+            keep.append(sorted(mine))
+        received = self._transfer(minibatches, send, recv_from)
+        out, self.sizes = [], []
+        for j, mb in enumerate(minibatches):
+            pieces = [mb.select(keep[j])] if mb is not None and keep[j] else []
+            pieces += [received[src][j] for src in sorted(received) if received[src][j]]
+            part = concat_padded(pieces) if pieces else None
+            self.sizes.append(len(part) if part is not None else 0)
+            if part is not None:
+                out.append(part)
+        stats = {
+            "placement/balance_before": max(before) / (sum(before) / P) if sum(before) else 1.0,
+            "placement/balance_after": max(after) / (sum(after) / P) if sum(after) else 1.0,
+            "placement/balance_moved": float(
+                sum(len(x) for d in send.values() for x in d)
+            ),  # summed over ranks by the caller
+        }
+        return (concat_padded(out) if out else None), stats
+
+    def split(self, r: Rollout | None) -> list[Rollout | None]:
+        """The balanced rollout back into its minibatches."""
+        out, start = [], 0
+        for n in self.sizes or []:
+            out.append(r.select(list(range(start, start + n))) if n else None)
+            start += n
+        return out
+
+    def _transfer(self, minibatches, send, recv_from) -> dict[int, list[Rollout | None]]:
+        """Point-to-point: one message per (source, destination) pair, a size then the
+        bytes of the samples' tensors."""
+        reqs, keep_alive = [], []
+        for dest in sorted(send):
+            payload = [
+                _pack(mb.select(rows)) if rows else None
+                for mb, rows in zip(minibatches, send[dest])
+            ]
+            buf = io.BytesIO()
+            torch.save(payload, buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.long)
+            keep_alive += [data, size]
+            reqs += [tdist.isend(size, dest), tdist.isend(data, dest)]
+        got = {}
+        for src in sorted(recv_from):
+            size = torch.zeros(1, dtype=torch.long)
+            tdist.recv(size, src)
+            data = torch.empty(int(size), dtype=torch.uint8)
+            tdist.recv(data, src)
+            payload = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+            got[src] = [_unpack(p) if p is not None else None for p in payload]
+        for q in reqs:
+            q.wait()
+        return got
+
+
+def _pack(r: Rollout) -> dict:
+    """The tensors a sample trains on (no outputs, records or media)."""
+    ctx = {k: v.cpu() for k, v in r.context.items() if isinstance(v, torch.Tensor)}
+    scalars = {k: v for k, v in r.context.items() if isinstance(v, int | float)}
+    out = {
+        "prompt_ids": list(r.prompt_ids),
+        "actions": r.actions.cpu(),
+        "logprobs": r.logprobs.cpu(),
+        "mask": r.mask.cpu(),
+        "context": ctx,
+        "scalars": scalars,
+    }
+    for k in ("truncated", "rewards", "advantages", "ref_logprobs"):
+        v = getattr(r, k)
+        if v is not None:
+            out[k] = v.cpu()
+    return out
+
+
+def _unpack(d: dict) -> Rollout:
+    n = len(d["prompt_ids"])
+    return Rollout(
+        prompt_ids=d["prompt_ids"],
+        actions=d["actions"],
+        logprobs=d["logprobs"],
+        mask=d["mask"],
+        context={**d["context"], **d["scalars"]},
+        outputs=[None] * n,
+        records=[{} for _ in range(n)],
+        truncated=d.get("truncated"),
+        rewards=d.get("rewards"),
+        advantages=d.get("advantages"),
+        ref_logprobs=d.get("ref_logprobs"),
+    )
+
+
+def concat_padded(parts: list[Rollout]) -> Rollout:
+    """``Rollout.concat`` after left-padding the text context's ``input_ids`` /
+    ``attention_mask`` to the widest part (masked columns); action tensors must agree.
+    Outputs, records and reward parts are dropped (received samples have none)."""
+    parts = [p for p in parts if p is not None and len(p)]
+    if len(parts) == 1:
+        return parts[0]
+
+    keys = [k for k in LEFT_PADDED if k in parts[0].context]
+    widths = {k: max(p.context[k].shape[1] for p in parts) for k in keys}
+    fixed = []
+    for p in parts:
+        ctx = dict(p.context)
+        for k in keys:
+            t = ctx[k]
+            if t.shape[1] < widths[k]:
+                ctx[k] = torch.cat([t.new_zeros(t.shape[0], widths[k] - t.shape[1]), t], 1)
+        fixed.append(
+            p.with_(
+                context=ctx,
+                reward_parts={},
+                verdicts=None,
+                outputs=[None] * len(p),
+                records=[{} for _ in range(len(p))],
+            )
+        )
+    return Rollout.concat(fixed)

@@ -1,0 +1,143 @@
+"""Balanced controllers in the step (placement.balance): on a skewed workload over two
+gloo ranks with a tiny text policy, the exchange brings max/mean rank work under 1.10
+and the update equals the one without balancing (the all-reduce sums the same samples);
+joining text contexts of different widths; which rank each part goes to."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from mmyatt import builders
+from mmyatt.config import load_config
+from mmyatt.controller import Controller
+from mmyatt.datasets.synthetic import write_jsonl
+from mmyatt.distributed import free_port, init_from_env, shutdown
+from mmyatt.placement.exchange import assign_parts, concat_padded
+from mmyatt.rollout import Rollout
+
+
+def test_assign_parts_moves_few_samples():
+    # items 0-3 on rank 0, 4-7 on rank 1; part A holds three of rank 1's: A -> rank 1
+    owner = [0, 0, 0, 0, 1, 1, 1, 1]
+    parts = [[0, 5, 6, 7], [1, 2, 3, 4]]
+    assert assign_parts(parts, owner, 2) == [1, 0]
+
+
+def _text_rollout(prompt_width: int, n: int, fill: int) -> Rollout:
+    ids = torch.full((n, prompt_width + 2), fill)
+    attn = torch.ones(n, prompt_width + 2, dtype=torch.long)
+    return Rollout(
+        [f"p{fill}"] * n,
+        torch.full((n, 2), fill),
+        torch.zeros(n, 2),
+        torch.ones(n, 2),
+        {"input_ids": ids, "attention_mask": attn, "temperature": 1.0},
+        ["x"] * n,
+        [{}] * n,
+    )
+
+
+def test_concat_padded_left_pads_the_text_context():
+    r = concat_padded([_text_rollout(3, 1, 7), _text_rollout(1, 2, 9)])
+    assert r.context["input_ids"].tolist() == [[7] * 5, [0, 0, 9, 9, 9], [0, 0, 9, 9, 9]]
+    assert r.context["attention_mask"][1].tolist() == [0, 0, 1, 1, 1]
+    assert r.actions.shape == (3, 2) and r.outputs == [None] * 3
+
+
+CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. Yes"] * 40
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    root = tmp_path_factory.mktemp("exchange")
+    model = build_tiny_text_model(root / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)
+    # skewed: rank 0 owns the even records (long prompts), rank 1 the odd ones (short)
+    recs = []
+    for i in range(16):
+        n = 12 + i if i % 2 == 0 else 1
+        recs.append({"prompt": " + ".join(["1"] * n) + " =", "answer": str(n)})
+    write_jsonl(root / "m.jsonl", recs)
+    return root, model
+
+
+def _overrides(root: Path, model: Path, balance: bool) -> list[str]:
+    return [
+        "model.kind=text",
+        f"model.path={model}",
+        f"data.train={root / 'm.jsonl'}",
+        f"data.eval={root / 'm.jsonl'}",
+        "data.shuffle=false",
+        "data.prompts_per_step=4",
+        "sampling.group_size=4",
+        "sampling.max_new_tokens=4",
+        "model.max_prompt_tokens=256",
+        "algorithm.minibatches=2",
+        "optim.lr=0.001",
+        "reward.functions=[{name: numeric_match}]",
+        f"placement.balance={str(balance).lower()}",
+    ]
+
+
+def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp}/store-{port}", rank=rank, world_size=world
+    )
+    dist = init_from_env("gloo", device="cpu")
+    try:
+        result = []
+        for i, overrides in enumerate(runs):  # one after the other in the same group
+            cfg = load_config(None, overrides)
+            ctl = Controller(
+                cfg,
+                Path(tmp) / f"run{i}-{rank}",
+                dist,
+                policy=builders.build_policy(cfg.model),
+                reward=builders.build_reward(cfg.reward),
+                shard=builders.build_shard(cfg, rank, world),
+                eval_records=[],
+            )
+            rows = [ctl.step() for _ in range(2)]
+            result.append({"rows": rows, "params": [p.detach().tolist() for p in ctl.params]})
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()
+    finally:
+        shutdown()
+    os._exit(0)
+
+
+def _run(tmp: Path, runs) -> list[list[dict]]:
+    out = tmp / "out"
+    out.mkdir()
+    args = (2, free_port(), str(tmp), runs, str(out))
+    mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_balanced_step_same_update_and_within_ten_percent(tmp_path, setup):
+    root, model = setup
+    (plain0, bal0), (plain1, bal1) = _run(
+        tmp_path, [_overrides(root, model, False), _overrides(root, model, True)]
+    )
+    plain, bal = [plain0, plain1], [bal0, bal1]
+    for step in range(2):
+        a, b = plain[0]["rows"][step], bal[0]["rows"][step]
+        assert b["placement/balance_before"] > 1.3  # rank 0 holds the long prompts
+        assert b["placement/balance_after"] <= 1.10
+        assert b["placement/balance_moved"] > 0
+        assert "placement/balance_before" not in a
+        for k in ("reward/mean", "train/loss", "train/grad_norm", "train/optimizer_steps"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    for p1, p2 in zip(plain[0]["params"], bal[0]["params"]):
+        # 2 steps x 2 minibatches of Adam at lr 1e-3: within 1% of one Adam step
+        torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-5, rtol=0)
+    assert bal[0]["params"] == bal[1]["params"]  # the ranks hold the same weights
