@@ -7,8 +7,10 @@ controllers. Between controllers travel gradients, scalar metrics and counts onl
 
 What this file deliberately leaves out: process start-up, the run loop and run
 preparation (``mmyatt.run``, ``mmyatt.distributed``), config -> object building
-(``mmyatt.builders``), the math (``mmyatt.algorithms``), and anything modality-specific
-(the adapters in ``mmyatt.models``). Reading ``_step`` top to bottom is reading the
+(``mmyatt.builders``), the math (``mmyatt.algorithms``), anything modality-specific
+(the adapters in ``mmyatt.models``), who runs where and which records each call
+generates (``mmyatt.placement``), grouping (``mmyatt.batches``), and the sampling
+settings and rollout metrics (``mmyatt.step_parts``). Reading ``_step`` top to bottom is reading the
 algorithm.
 
 Equivalence across world sizes: a prompt's samples come from a generator seeded by
@@ -36,7 +38,6 @@ from mmyatt.protocols import (
     ClosedFormKL,
     LatentOutputs,
     ReferenceKL,
-    RolloutStats,
     Sampling,
     prompt_seed,
     require,
@@ -44,6 +45,7 @@ from mmyatt.protocols import (
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
 from mmyatt.rollout_log import truncate_rollouts, write_rollouts
+from mmyatt.step_parts import eval_sampling, rollout_metrics, train_sampling
 from mmyatt.trackers import make_logger
 
 
@@ -143,7 +145,13 @@ class Controller:
             if self.nft is not None:  # the sampling policy trails the trained one
                 upd["nft/old_decay"] = self.nft.update_old(self.step_count + 1)
         self.last_rollout = rollout if bal else train  # this rank's own samples
-        return {**self.rollout_metrics(rollout), **dyn, **upd, **bal, **timer.metrics()}
+        return {
+            **rollout_metrics(rollout, self.dist, self.policy),
+            **dyn,
+            **upd,
+            **bal,
+            **timer.metrics(),
+        }
 
     # ------------------------------------------------------------------ phases
     def collect(self, timer: PhaseTimer) -> tuple[Rollout | None, dict]:
@@ -158,7 +166,10 @@ class Controller:
             # draw, generate, then score (how: placement.mode; partial streams groups to the
             # judge; rollout.over_dispatch_ratio > 1 dispatches more and keeps the rest)
             scored = self.placement.generate_and_score(
-                self, self.local_prompts, self.train_sampling(), timer
+                self,
+                self.local_prompts,
+                train_sampling(self.cfg, self.step_count, nft=self.nft is not None),
+                timer,
             )
             last_scored = scored  # gives an empty rollout its shapes if no group is kept
             reward_sum += float(scored.rewards.sum())
@@ -448,9 +459,9 @@ class Controller:
         """Held-out prompts, one sample each; this rank scores its own share. Greedy by
         default; with trainer.eval_sampling=sample, sampled at the training temperature
         (greedy accuracy saturates early and hides learning) plus a greedy pass."""
-        out = self._evaluate(self.eval_sampling(), "eval/reward")
+        out = self._evaluate(eval_sampling(self.cfg), "eval/reward")
         if self.cfg.trainer.eval_sampling == "sample":
-            greedy = self._evaluate(self.eval_sampling(greedy=True), "eval/greedy")
+            greedy = self._evaluate(eval_sampling(self.cfg, greedy=True), "eval/greedy")
             out["eval/greedy_accuracy"] = greedy.get("eval/greedy/mean", float("nan"))
         return out
 
@@ -537,74 +548,6 @@ class Controller:
         return isinstance(first, Image.Image)
 
     # ------------------------------------------------------------------ metrics and helpers
-    def rollout_metrics(self, r: Rollout) -> dict[str, float]:
-        n, lengths = len(r), r.mask.sum(1)
-        local = {
-            "n": n,
-            "reward": float(r.rewards.sum()),
-            "reward_sq": float((r.rewards**2).sum()),
-            "len": float(lengths.sum()),
-            "trunc": float(r.truncated.sum()) if r.truncated is not None else 0.0,
-            "adv_abs": float(r.advantages.abs().sum()),
-        }
-        for k, v in r.reward_parts.items():
-            local[f"part/{k}"] = float(v.sum())
-        g = self.dist.sum_many(local)
-        n = max(g["n"], 1.0)
-        mean = g["reward"] / n
-        out = {
-            "reward/mean": mean,
-            "reward/std": math.sqrt(max(g["reward_sq"] / n - mean**2, 0.0)),
-            "response_length/mean": g["len"] / n,
-            "response_length/truncated_frac": g["trunc"] / n,
-            "advantage/abs_mean": g["adv_abs"] / n,
-            "rollout/samples": g["n"],
-            "rollout/tokens": g["len"],
-        }
-        out.update({f"reward/{k[5:]}": v / n for k, v in g.items() if k.startswith("part/")})
-        if isinstance(self.policy, RolloutStats):  # vLLM rollouts: TIS, weight sync, sleep
-            out.update(self.policy.rollout_stats(r))
-        return out
-
-    def train_sampling(self) -> Sampling:
-        s = self.cfg.sampling
-        sde_steps, train_steps = alg.train_step_schedule(
-            s.denoise_steps,
-            mode=s.train_steps,
-            fraction=s.train_fraction,
-            window=s.window,
-            window_start=s.window_start,
-            step=self.step_count,
-            slide_every=s.slide_every,
-        )
-        return Sampling(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens,
-            stop=s.stop,
-            denoise_steps=s.denoise_steps,
-            noise_level=s.noise_level,
-            sde_type=s.sde_type,
-            guidance_scale=s.guidance_scale,
-            sde_steps=sde_steps,
-            # DiffusionNFT keeps only the clean samples: no transition becomes an action
-            train_steps=() if self.nft is not None else train_steps,
-        )
-
-    def eval_sampling(self, greedy: bool | None = None) -> Sampling:
-        s = self.cfg.sampling
-        if greedy is None:
-            greedy = self.cfg.trainer.eval_sampling == "greedy"
-        return Sampling(
-            temperature=s.temperature,
-            max_new_tokens=s.max_new_tokens,
-            stop=s.stop,
-            greedy=greedy,
-            noise_level=0.0,  # flow eval: the deterministic ODE
-            denoise_steps=s.eval_denoise_steps,
-            guidance_scale=s.guidance_scale,
-        )
-
     def _lr_factor(self, step: int) -> float:
         o, total = self.cfg.optim, max(self.cfg.trainer.steps, 1)
         warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0

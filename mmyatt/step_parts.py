@@ -1,0 +1,85 @@
+"""Pieces of a controller's step that are plain functions of the config or the rollout:
+the sampling settings of a training or an evaluation rollout, and the reduced rollout
+metrics (mmyatt/controller.py calls them)."""
+
+from __future__ import annotations
+
+import math
+
+from mmyatt import algorithms as alg
+from mmyatt.protocols import RolloutStats, Sampling
+from mmyatt.rollout import Rollout
+
+
+def rollout_metrics(r: Rollout, dist, policy) -> dict[str, float]:
+    """Reward, length, truncation and advantage figures summed over the controllers."""
+    n, lengths = len(r), r.mask.sum(1)
+    local = {
+        "n": n,
+        "reward": float(r.rewards.sum()),
+        "reward_sq": float((r.rewards**2).sum()),
+        "len": float(lengths.sum()),
+        "trunc": float(r.truncated.sum()) if r.truncated is not None else 0.0,
+        "adv_abs": float(r.advantages.abs().sum()),
+    }
+    for k, v in r.reward_parts.items():
+        local[f"part/{k}"] = float(v.sum())
+    g = dist.sum_many(local)
+    n = max(g["n"], 1.0)
+    mean = g["reward"] / n
+    out = {
+        "reward/mean": mean,
+        "reward/std": math.sqrt(max(g["reward_sq"] / n - mean**2, 0.0)),
+        "response_length/mean": g["len"] / n,
+        "response_length/truncated_frac": g["trunc"] / n,
+        "advantage/abs_mean": g["adv_abs"] / n,
+        "rollout/samples": g["n"],
+        "rollout/tokens": g["len"],
+    }
+    out.update({f"reward/{k[5:]}": v / n for k, v in g.items() if k.startswith("part/")})
+    if isinstance(policy, RolloutStats):  # vLLM rollouts: TIS, weight sync, sleep
+        out.update(policy.rollout_stats(r))
+    return out
+
+
+def train_sampling(cfg, step: int, *, nft: bool = False) -> Sampling:
+    """The sampling of step ``step``'s training rollouts (flow: its SDE / trained steps)."""
+    s = cfg.sampling
+    sde_steps, train_steps = alg.train_step_schedule(
+        s.denoise_steps,
+        mode=s.train_steps,
+        fraction=s.train_fraction,
+        window=s.window,
+        window_start=s.window_start,
+        step=step,
+        slide_every=s.slide_every,
+    )
+    return Sampling(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        stop=s.stop,
+        denoise_steps=s.denoise_steps,
+        noise_level=s.noise_level,
+        sde_type=s.sde_type,
+        guidance_scale=s.guidance_scale,
+        sde_steps=sde_steps,
+        # DiffusionNFT keeps only the clean samples: no transition becomes an action
+        train_steps=() if nft else train_steps,
+    )
+
+
+def eval_sampling(cfg, greedy: bool | None = None) -> Sampling:
+    """Held-out sampling: greedy or sampled (trainer.eval_sampling), flow by the ODE."""
+    s = cfg.sampling
+    if greedy is None:
+        greedy = cfg.trainer.eval_sampling == "greedy"
+    return Sampling(
+        temperature=s.temperature,
+        max_new_tokens=s.max_new_tokens,
+        stop=s.stop,
+        greedy=greedy,
+        noise_level=0.0,  # flow eval: the deterministic ODE
+        denoise_steps=s.eval_denoise_steps,
+        guidance_scale=s.guidance_scale,
+    )
