@@ -22,7 +22,7 @@ _EXPORTS = {
     "VLMPolicy": "vlm",
     "build_tiny_vlm": "tiny_vlm",
     "FlowPolicy": "flow",
-    "build_tiny_flow_model": "flow",
+    "build_tiny_flow_model": "flow_tiny",
 }
 
 __all__ = sorted(_EXPORTS)

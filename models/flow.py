@@ -6,34 +6,10 @@ implements the Policy protocol: a rollout's actions are the denoising transition
 x_k -> x_{k+1} at the trained steps, each with the log-prob of the Gaussian SDE step of
 ``flow_sde``.
 
-Two kinds of directory load with ``FlowPolicy.load``:
-
-* Our tiny built-ins (``build_tiny_flow_model``; model_index class ``MMYattFlowPipeline``)
-  work in PIXEL space (images scaled to [-1, 1], no VAE): on a CPU a 32x32x3 image with
-  patch 2 is 256 tokens, as cheap as a real model's latent, and it removes an
-  autoencoder that would have to be pretrained too.
-* Standard diffusers pipeline folders (``DiffusionPipeline.save_pretrained`` layout) of
-  ``StableDiffusion3Pipeline`` (CLIP-L + CLIP-G, optional T5, ``AutoencoderKL``),
-  ``FluxPipeline`` (CLIP + T5, ``AutoencoderKL``, 2x2 latent packing, embedded guidance
-  for guidance-distilled models) and ``WanPipeline`` (Wan 2.1: UMT5, ``AutoencoderKLWan``)
-  work in LATENT space: the initial noise has the latent shape, the actions and
-  log-probs are latent transitions, the final latents are VAE-decoded (with the VAE's
-  scaling/shift or Wan's latents_mean/std) into images or frames, ``sft_loss`` encodes
-  its targets with the VAE. Prompt encoding and sigmas (the scheduler config's
-  ``shift``, or ``use_dynamic_shifting`` with the pipeline's resolution-dependent mu)
-  follow each pipeline, so a greedy rollout reproduces the diffusers pipeline's own
-  Euler/ODE output (tested). Details and the unsupported cases (Wan 2.2 two-expert
-  folders, other pipeline classes: NotImplementedError) are in ``flow_pipeline``.
-  Square outputs only (``image_size``); ``save`` writes the same diffusers layout back
-  (plus an ``_mmyatt`` block with the geometry, which diffusers ignores).
-
-Text conditioning of the built-ins is a ``transformers.CLIPTextModelWithProjection``
-built from a small ``CLIPTextConfig`` with a word-level tokenizer made in code (``tokenizers`` WordLevel
-over the caption vocabulary, saved as a ``PreTrainedTokenizerFast``). CLIP gives both
-what SD3/Flux need: per-token states (B, L, D) for joint attention and a pooled
-projection (B, Dp) for the timestep modulation; Wan uses the per-token states only.
-The text encoder is frozen during RL; a prompt's embedding is computed once per
-``generate`` and stored in the rollout context.
+It runs the tiny built-ins (``flow_tiny``) in PIXEL space and standard diffusers
+pipeline folders (SD3, Flux, Wan 2.1; ``flow_pipeline``) in LATENT space; loading,
+saving and LoRA adapters are in ``flow_io``; the KL to a reference policy in ``flow_kl``
+and the EMA of the trained weights in ``ema`` (capabilities, as mixins).
 
 Exact PPO ratio. diffusers models on CPU are not batch-size invariant: the small
 (B, D) matmuls of the timestep/pooled embedders and the adaLN modulation take a
@@ -50,299 +26,26 @@ fixed-size batch was verified not to change results.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
 import math
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor, nn
 
-from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, sde_step
+from mmyatt.models import flow_io
+from mmyatt.models.ema import EMAWeights
+from mmyatt.models.flow_io import TRANSFORMERS, add_lora, images_to_tensor, tensor_to_images
+from mmyatt.models.flow_kl import FlowReferenceKL
+from mmyatt.models.flow_pipeline import transformer_forward
+from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, plan_steps, sde_step
+from mmyatt.models.flow_tiny import POSITION_PLANES
 from mmyatt.models.protocol import Sampling, seeded_generator
 from mmyatt.rollout import Rollout
 
-__all__ = [
-    "DEFAULT_LORA_TARGETS",
-    "FlowPolicy",
-    "build_tiny_flow_model",
-    "build_word_tokenizer",
-    "images_to_tensor",
-    "tensor_to_images",
-]
-
-SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")  # ids 0..3
-# CLIP picks the pooled token at the first eos id, except for the legacy id 2 (argmax);
-# eos is therefore 3.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-
-# Attention projections of the joint (SD3/Flux) and self/cross (Wan) attention blocks,
-# flow_grpo's LoRA targets; peft matches them as name suffixes and skips absent ones.
-DEFAULT_LORA_TARGETS = (
-    "to_q",
-    "to_k",
-    "to_v",
-    "to_out.0",
-    "add_q_proj",
-    "add_k_proj",
-    "add_v_proj",
-    "to_add_out",
-)
-LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # diffusers' name for LoRA files
-LORA_METADATA_KEY = "lora_adapter_metadata"  # diffusers' safetensors metadata key
-_TRANSFORMERS = {
-    "SD3Transformer2DModel": "sd3",
-    "FluxTransformer2DModel": "flux",
-    "WanTransformer3DModel": "wan",
-}
-_KINDS = {"sd3-image": "sd3", "flux-image": "flux", "wan-video": "wan"}
-_COMPONENTS = ("transformer", "scheduler", "text_encoder", "tokenizer")
-_OWN_PIPELINE = "MMYattFlowPipeline"  # the tiny built-ins' model_index class
+__all__ = ["FlowPolicy"]
 
 
-# --------------------------------------------------------------------------------------
-# images <-> tensors
-# --------------------------------------------------------------------------------------
-def _pil_to_chw(img: Image.Image, size: int) -> Tensor:
-    img = img.convert("RGB")
-    if img.size != (size, size):
-        img = img.resize((size, size), Image.BILINEAR)
-    arr = np.asarray(img, dtype=np.float32) / 127.5 - 1.0
-    return torch.from_numpy(arr).permute(2, 0, 1)
-
-
-def images_to_tensor(items: list[Any], size: int) -> Tensor:
-    """PIL images -> (B, 3, H, W), or frame lists -> (B, 3, F, H, W); fp32 in [-1, 1]."""
-    out = []
-    for it in items:
-        if isinstance(it, str | Path):
-            it = Image.open(it)
-        if isinstance(it, list | tuple):
-            out.append(torch.stack([_pil_to_chw(f, size) for f in it], dim=1))
-        else:
-            out.append(_pil_to_chw(it, size))
-    return torch.stack(out)
-
-
-def tensor_to_images(x: Tensor) -> list[Any]:
-    """(B, 3, H, W) -> PIL RGB images; (B, 3, F, H, W) -> lists of PIL frames. x in [-1, 1]."""
-    u8 = ((x.detach().float().clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8).cpu()
-    if u8.ndim == 4:
-        return [Image.fromarray(im.permute(1, 2, 0).numpy(), "RGB") for im in u8]
-    return [
-        [Image.fromarray(fr.permute(1, 2, 0).numpy(), "RGB") for fr in clip.unbind(1)]
-        for clip in u8
-    ]
-
-
-# --------------------------------------------------------------------------------------
-# building a tiny model
-# --------------------------------------------------------------------------------------
-POSITION_PLANES = 5  # frame index, row, column, frame x row, frame x column
-
-
-def position_planes(x: Tensor) -> Tensor:
-    """(B, 5, F, H, W) position planes of a video batch (B, C, F, H, W), in x's dtype: the
-    frame index, row and column, each spanning [-1, 1] (0 for an axis of length 1), then
-    frame x row and frame x column.
-
-    The products make motion a two-way interaction: the mean clip of "moving right" is
-    brighter where frame x column is positive, so the model needs only to pair the
-    direction word with one input plane (as it pairs a colour word with a colour
-    channel). With the first three planes alone, direction, frame and column must be
-    combined three ways, and the tiny Wan model never learned it (BENCHMARKS.md)."""
-    b, _, f, h, w = x.shape
-
-    def axis(n: int) -> Tensor:
-        return (
-            torch.linspace(-1.0, 1.0, n, device=x.device)
-            if n > 1
-            else torch.zeros(1, device=x.device)
-        )
-
-    fr, row, col = torch.meshgrid(axis(f), axis(h), axis(w), indexing="ij")
-    planes = torch.stack([fr, row, col, fr * row, fr * col])  # (5, F, H, W)
-    return planes.to(x.dtype).unsqueeze(0).expand(b, -1, -1, -1, -1)
-
-
-def build_word_tokenizer(vocab: list[str], max_length: int = 12):
-    """A word-level ``PreTrainedTokenizerFast``: lower-cased whitespace words, unknown
-    words -> <unk>, every text wrapped as <bos> ... <eos> (the eos is CLIP's pooled token)."""
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    words = list(SPECIAL_TOKENS)
-    for w in vocab:
-        w = w.lower()
-        if w not in words:
-            words.append(w)
-    tok = Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>", special_tokens=[("<bos>", BOS_ID), ("<eos>", EOS_ID)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        model_max_length=max_length,
-    )
-
-
-def build_tiny_flow_model(
-    out_dir: str | Path,
-    *,
-    kind: str = "sd3-image",
-    vocab: list[str],
-    seed: int = 0,
-    image_size: int | None = None,
-    num_frames: int = 8,
-    channels: int = 3,
-    patch_size: int = 2,
-    num_layers: int = 4,
-    num_attention_heads: int = 4,
-    attention_head_dim: int = 16,
-    text_dim: int = 32,
-    text_layers: int = 2,
-    max_length: int = 12,
-    shift: float = 3.0,
-    position_channels: bool = False,
-) -> Path:
-    """Write a randomly initialised tiny pixel-space flow model as a pipeline directory.
-
-    ``kind``: "sd3-image" (SD3Transformer2DModel, default 32x32), "flux-image"
-    (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
-    default ``num_frames`` x 16 x 16). ``position_channels`` (wan-video only): the
-    transformer takes 5 more input channels, the position planes that the policy appends
-    to every input (``position_planes``, ``FlowPolicy``). Layout: transformer/,
-    scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each
-    folder, plus an ``_mmyatt`` entry with the pixel geometry). Returns the directory.
-    """
-    from diffusers import (
-        FlowMatchEulerDiscreteScheduler,
-        FluxTransformer2DModel,
-        SD3Transformer2DModel,
-        WanTransformer3DModel,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {sorted(_KINDS)}, got {kind!r}")
-    family = _KINDS[kind]
-    if position_channels and family != "wan":
-        raise ValueError("position_channels is for wan-video (SD3 and Flux embed positions)")
-    if image_size is None:
-        image_size = 16 if family == "wan" else 32
-    if image_size % patch_size:
-        raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    tokenizer = build_word_tokenizer(vocab, max_length=max_length)
-    text_cfg = CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=text_dim,
-        intermediate_size=2 * text_dim,
-        num_hidden_layers=text_layers,
-        num_attention_heads=2,
-        max_position_embeddings=max_length,
-        projection_dim=text_dim,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-    )
-    text_encoder = CLIPTextModelWithProjection(text_cfg)
-    inner = num_attention_heads * attention_head_dim
-    if family == "sd3":
-        transformer = SD3Transformer2DModel(
-            sample_size=image_size,
-            patch_size=patch_size,
-            in_channels=channels,
-            out_channels=channels,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            joint_attention_dim=text_dim,
-            caption_projection_dim=inner,  # SD3's context stream runs at the inner width
-            pooled_projection_dim=text_dim,
-            pos_embed_max_size=image_size // patch_size,
-        )
-    elif family == "flux":
-        # RoPE over (text index, row, col); the axes must add up to the head dim.
-        third = (attention_head_dim // 3) // 2 * 2
-        axes = [attention_head_dim - 2 * third, third, third]
-        transformer = FluxTransformer2DModel(
-            patch_size=1,  # pixels are packed into patch_size^2 channels outside the model
-            in_channels=channels * patch_size * patch_size,
-            num_layers=max(1, num_layers // 2),
-            num_single_layers=max(1, num_layers - num_layers // 2),
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            joint_attention_dim=text_dim,
-            pooled_projection_dim=text_dim,
-            axes_dims_rope=axes,
-        )
-    else:
-        transformer = WanTransformer3DModel(
-            patch_size=(1, patch_size, patch_size),
-            num_attention_heads=num_attention_heads,
-            attention_head_dim=attention_head_dim,
-            in_channels=channels + (POSITION_PLANES if position_channels else 0),
-            out_channels=channels,
-            text_dim=text_dim,
-            freq_dim=64,
-            ffn_dim=2 * inner,
-            num_layers=num_layers,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            rope_max_seq_len=max(32, num_frames, image_size),
-        )
-    transformer.save_pretrained(out / "transformer")
-    text_encoder.save_pretrained(out / "text_encoder")
-    tokenizer.save_pretrained(out / "tokenizer")
-    FlowMatchEulerDiscreteScheduler(shift=shift).save_pretrained(out / "scheduler")
-    geometry = {
-        "kind": kind,
-        "image_size": image_size,
-        "channels": channels,
-        "num_frames": num_frames if family == "wan" else None,
-        "patch_size": patch_size,
-        "max_length": max_length,
-        "position_channels": bool(position_channels),
-    }
-    _write_model_index(out, transformer, text_encoder, geometry)
-    return out
-
-
-def _write_model_index(out: Path, transformer, text_encoder, geometry: dict) -> None:
-    import diffusers
-
-    index = {
-        # No diffusers pipeline takes one CLIP encoder and no VAE, so the pipeline class
-        # is ours; every component folder still loads with its own from_pretrained.
-        "_class_name": _OWN_PIPELINE,
-        "_diffusers_version": diffusers.__version__,
-        "transformer": ["diffusers", type(transformer).__name__],
-        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-        "text_encoder": ["transformers", type(text_encoder).__name__],
-        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "_mmyatt": geometry,
-    }
-    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
-# --------------------------------------------------------------------------------------
-# the policy
-# --------------------------------------------------------------------------------------
-class FlowPolicy:
+class FlowPolicy(EMAWeights, FlowReferenceKL):
     """A flow-matching generator as a policy over denoising transitions.
 
     Args:
@@ -396,9 +99,9 @@ class FlowPolicy:
         position_channels: bool = False,
     ):
         name = type(transformer).__name__
-        if name not in _TRANSFORMERS:
+        if name not in TRANSFORMERS:
             raise ValueError(
-                f"unsupported transformer {name}; expected one of {sorted(_TRANSFORMERS)}"
+                f"unsupported transformer {name}; expected one of {sorted(TRANSFORMERS)}"
             )
         if reference not in ("lora_disabled", "frozen_copy"):
             raise ValueError(
@@ -406,7 +109,7 @@ class FlowPolicy:
             )
         if forward_batch is not None and forward_batch < 1:
             raise ValueError(f"forward_batch must be >= 1 or None, got {forward_batch}")
-        self.family = _TRANSFORMERS[name]
+        self.family = TRANSFORMERS[name]
         if (self.family == "wan") != (num_frames is not None):
             raise ValueError("num_frames is required for WanTransformer3DModel and only for it")
         self.position_channels = bool(position_channels)
@@ -446,198 +149,25 @@ class FlowPolicy:
         self._t_scale = float((scheduler_config or {}).get("num_train_timesteps", 1000))
         self.lora = None
         self._ref_model: nn.Module | None = None
-        self._ema: dict[str, Tensor] | None = None
         # False: rollouts return the final samples (latents) as outputs and skip the VAE
         # decode, for rewards that read latents (rewards/image.py reads_latents)
         self.decode_outputs = True
         self.shared_group_noise = True  # one initial noise per group (see generate)
         if lora is not None:
-            self._add_lora(lora)
+            add_lora(self, lora)
 
-    # ---- construction -----------------------------------------------------------------
-    def _add_lora(self, lora: dict) -> None:
-        from peft import LoraConfig
-
-        unknown = set(lora) - {"r", "alpha", "target_modules", "init", "dropout"}
-        if unknown:
-            raise ValueError(f"unknown LoRA options {sorted(unknown)}")
-        r = int(lora.get("r", 8))
-        self.lora = {
-            "r": r,
-            "alpha": float(lora.get("alpha", 2 * r)),
-            "target_modules": list(lora.get("target_modules", DEFAULT_LORA_TARGETS)),
-            "init": lora.get("init", "gaussian"),
-            "dropout": float(lora.get("dropout", 0.0)),
-        }
-        cfg = LoraConfig(
-            r=r,
-            lora_alpha=self.lora["alpha"],
-            target_modules=self.lora["target_modules"],
-            init_lora_weights=self.lora["init"],  # gaussian A, zero B: the adapter starts at 0
-            lora_dropout=self.lora["dropout"],
-        )
-        self.transformer.requires_grad_(False)
-        self.transformer.add_adapter(cfg)  # diffusers' PeftAdapterMixin: inject_adapter_in_model
-        for n, p in self.transformer.named_parameters():
-            p.requires_grad_(".lora_" in n)
-
+    # ---- loading and saving (flow_io) --------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, **kwargs) -> FlowPolicy:
-        """Load a pipeline directory written by ``build_tiny_flow_model`` or ``save``.
+        """Load a pipeline directory written by ``build_tiny_flow_model``, ``save`` or
+        diffusers' ``save_pretrained`` (SD3, Flux, Wan 2.1), with its saved LoRA adapter
+        if any; kwargs go to the constructor (``flow_io.load``)."""
+        return flow_io.load(cls, path, **kwargs)
 
-        A ``pytorch_lora_weights.safetensors`` at its root is applied as a LoRA adapter on
-        the base transformer (its config comes from the file's metadata); passing ``lora=``
-        for a directory without one adds a fresh adapter. Other kwargs go to the
-        constructor and override the geometry stored in model_index.json.
-        """
-        import diffusers
-        import transformers
-
-        root = Path(path)
-        if not root.is_dir():
-            raise FileNotFoundError(f"flow model directory {root} does not exist")
-        index_file = root / "model_index.json"
-        if not index_file.is_file():
-            raise FileNotFoundError(f"{root}: missing component model_index.json")
-        index = json.loads(index_file.read_text())
-        from mmyatt.models.flow_pipeline import PIPELINE_FAMILIES
-
-        cls_name = index.get("_class_name")
-        if cls_name in PIPELINE_FAMILIES:
-            return cls._load_pipeline(root, index, **kwargs)
-        if cls_name not in (None, _OWN_PIPELINE):
-            raise NotImplementedError(
-                f"{index_file}: pipeline class {cls_name!r} is not supported by FlowPolicy yet "
-                f"(issue #3); supported: {sorted(PIPELINE_FAMILIES)} and {_OWN_PIPELINE}"
-            )
-        for comp in _COMPONENTS:
-            if comp not in index:
-                raise FileNotFoundError(f"{index_file} names no '{comp}' component")
-            if not (root / comp).is_dir():
-                raise FileNotFoundError(f"{root}: missing component '{comp}/' ({index[comp][1]})")
-        t_cls = index["transformer"][1]
-        if t_cls not in _TRANSFORMERS:
-            raise ValueError(f"{index_file}: unsupported transformer class {t_cls}")
-        transformer = getattr(diffusers, t_cls).from_pretrained(root / "transformer")
-        text_encoder = getattr(transformers, index["text_encoder"][1]).from_pretrained(
-            root / "text_encoder"
-        )
-        tokenizer = getattr(transformers, index["tokenizer"][1]).from_pretrained(root / "tokenizer")
-        sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
-        geo = dict(index.get("_mmyatt", {}))
-        opts: dict[str, Any] = {
-            "image_size": geo.get("image_size", transformer.config.get("sample_size")),
-            "channels": geo.get("channels", 3),
-            "num_frames": geo.get("num_frames"),
-            "patch_size": geo.get("patch_size", 2),
-            "max_length": geo.get("max_length"),
-            "position_channels": bool(geo.get("position_channels", False)),
-        }
-        opts.update(kwargs)
-        lora_file = root / LORA_WEIGHT_NAME
-        lora_opts, state = cls._read_lora(root)
-        if lora_opts is not None:
-            opts["lora"] = lora_opts
-        shift = opts.pop("scheduler_shift", sched.get("shift", 3.0))
-        policy = cls(transformer, text_encoder, tokenizer, shift, **opts)
-        policy._load_lora_state(lora_file, state)
-        return policy
-
-    @staticmethod
-    def _read_lora(root: Path) -> tuple[dict | None, dict | None]:
-        """(LoRA options, state dict without the "transformer." prefix) of a saved adapter."""
-        lora_file = root / LORA_WEIGHT_NAME
-        if not lora_file.is_file():
-            return None, None
-        from safetensors import safe_open
-
-        with safe_open(str(lora_file), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get(LORA_METADATA_KEY, "{}"))
-            state = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
-        if not meta:
-            raise ValueError(f"{lora_file}: no '{LORA_METADATA_KEY}' metadata (r, alpha, targets)")
-        opts = {
-            "r": meta["r"],
-            "alpha": meta["lora_alpha"],
-            "target_modules": sorted(meta["target_modules"]),
-            "init": meta.get("init_lora_weights", "gaussian"),
-            "dropout": meta.get("lora_dropout", 0.0),
-        }
-        return opts, state
-
-    def _load_lora_state(self, lora_file: Path, state: dict | None) -> None:
-        if state is None:
-            return
-        from peft.utils import set_peft_model_state_dict
-
-        res = set_peft_model_state_dict(self.transformer, state, adapter_name="default")
-        bad = [k for k in res.unexpected_keys if ".lora_" in k]
-        if bad:
-            raise ValueError(f"{lora_file}: keys that match no LoRA layer: {bad[:5]}")
-
-    @classmethod
-    def _load_pipeline(cls, root: Path, index: dict, **kwargs) -> FlowPolicy:
-        """A standard diffusers pipeline folder (see ``flow_pipeline``): latent space.
-
-        Extra kwargs: ``dtype`` (torch dtype of every component, default float32),
-        ``image_size`` (square output side in pixels; default the transformer's
-        sample_size times the VAE factor, or 1024 for Flux / 480 for Wan),
-        ``num_frames`` (Wan, pixel frames, default 81), ``max_sequence_length`` (T5 /
-        UMT5 tokens; default the pipeline's: 256 SD3, 512 Flux and Wan),
-        ``embedded_guidance`` (Flux guidance-distilled models), and the constructor's
-        options (lora, reference, cfg_uncond_prompt, forward_batch).
-        """
-        from mmyatt.models.flow_pipeline import (
-            build_codec,
-            build_prompt_encoder,
-            load_pipeline_components,
-        )
-
-        dtype = kwargs.pop("dtype", torch.float32)
-        saved = {k: v for k, v in index.get("_mmyatt", {}).items() if v is not None}
-        kwargs = {**saved, **kwargs}  # what save() recorded, unless overridden
-        max_seq = kwargs.pop("max_sequence_length", None)
-        family, comps = load_pipeline_components(root, index, dtype)
-        transformer = comps["transformer"]
-        t_cls = type(transformer).__name__
-        if _TRANSFORMERS.get(t_cls) != family:
-            raise ValueError(f"{root}: transformer {t_cls} does not fit {index['_class_name']}")
-        vae = build_codec(comps["vae"])
-        encoder = build_prompt_encoder(family, comps, transformer, max_seq)
-        sched_cfg = dict(comps["scheduler"].config)
-        sched_cfg["_class_name"] = type(comps["scheduler"]).__name__
-        in_ch = int(transformer.config.in_channels)
-        opts: dict[str, Any] = {"patch_size": 2, "channels": in_ch, "num_frames": None}
-        if family == "sd3":
-            opts["image_size"] = int(transformer.config.sample_size) * vae.spatial
-        elif family == "flux":
-            opts.update(image_size=1024, channels=in_ch // 4)  # 2x2 packing outside the model
-        else:
-            opts.update(image_size=480, num_frames=81)
-        if opts["channels"] != vae.latent_channels:
-            raise ValueError(
-                f"{root}: transformer expects {opts['channels']} latent channels, the VAE "
-                f"gives {vae.latent_channels}"
-            )
-        opts.update(kwargs)
-        lora_opts, state = cls._read_lora(root)
-        if lora_opts is not None:  # a saved adapter wins over lora= (as for the built-ins)
-            opts["lora"] = lora_opts
-        if opts.pop("scheduler_shift", None) is not None:
-            raise ValueError("scheduler_shift: a pipeline's sigmas come from its scheduler config")
-        policy = cls(
-            transformer,
-            None,
-            None,
-            float(sched_cfg.get("shift", sched_cfg.get("flow_shift", 1.0))),
-            prompt_encoder=encoder,
-            vae=vae,
-            scheduler_config=sched_cfg,
-            pipeline={"index": index, "components": comps, "max_sequence_length": max_seq},
-            **opts,
-        )
-        policy._load_lora_state(root / LORA_WEIGHT_NAME, state)
-        return policy
+    def save(self, path: str, merged: bool = False) -> None:
+        """Write a diffusers-layout pipeline directory; with LoRA the adapter goes to
+        ``pytorch_lora_weights.safetensors`` unless ``merged`` (``flow_io.save``)."""
+        flow_io.save(self, path, merged)
 
     # ---- protocol ---------------------------------------------------------------------
     def module(self) -> nn.Module:
@@ -726,49 +256,18 @@ class FlowPolicy:
         self, model: nn.Module, x: Tensor, sigma: Tensor, cond: Tensor, pooled: Tensor
     ) -> Tensor:
         """Raw velocity for rows x (R, ...), sigma (R,), cond (R, L, D), pooled (R, Dp)."""
-        dt = model.dtype
-        x, cond, pooled = x.to(dt), cond.to(dt), pooled.to(dt)
-        if self.family == "sd3":
-            return model(
-                hidden_states=x,
-                encoder_hidden_states=cond,
-                pooled_projections=pooled,
-                timestep=sigma * self._t_scale,  # diffusers SD3 takes scheduler timesteps
-                return_dict=False,
-            )[0]
-        if self.family == "wan":
-            if self.position_channels:
-                x = torch.cat([x, position_planes(x)], dim=1)
-            return model(
-                hidden_states=x,
-                timestep=sigma * self._t_scale,
-                encoder_hidden_states=cond,
-                return_dict=False,
-            )[0]
-        return self._forward_flux(model, x, sigma, cond, pooled)
-
-    def _forward_flux(self, model, x, sigma, cond, pooled) -> Tensor:
-        p, (b, c, h, w) = self.patch_size, x.shape
-        hh, ww = h // p, w // p
-        tokens = x.reshape(b, c, hh, p, ww, p).permute(0, 2, 4, 1, 3, 5).reshape(b, hh * ww, -1)
-        img_ids = torch.zeros(hh, ww, 3, device=x.device)
-        img_ids[..., 1] = torch.arange(hh, device=x.device)[:, None]
-        img_ids[..., 2] = torch.arange(ww, device=x.device)[None, :]
-        txt_ids = torch.zeros(cond.shape[1], 3, device=x.device)
-        guidance = None
-        if model.config.get("guidance_embeds", False):  # guidance-distilled (FLUX.1-dev)
-            guidance = torch.full((b,), self.embedded_guidance, device=x.device)
-        out = model(
-            hidden_states=tokens,
-            encoder_hidden_states=cond,
-            pooled_projections=pooled,
-            timestep=sigma.to(x.dtype),  # Flux scales by 1000 inside
-            img_ids=img_ids.reshape(-1, 3),
-            txt_ids=txt_ids,
-            guidance=guidance,
-            return_dict=False,
-        )[0]
-        return out.reshape(b, hh, ww, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+        return transformer_forward(
+            self.family,
+            model,
+            x,
+            sigma,
+            cond,
+            pooled,
+            t_scale=self._t_scale,
+            patch_size=self.patch_size,
+            embedded_guidance=self.embedded_guidance,
+            position_channels=self.position_channels,
+        )
 
     def _velocity(
         self, model: nn.Module, x: Tensor, sigma: Tensor, cond: Tensor, pooled: Tensor
@@ -835,7 +334,7 @@ class FlowPolicy:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         steps = int(sampling.denoise_steps)
         sigmas = self._sigmas(steps).to(self.device)
-        sde_set, train = _plan_steps(sampling, steps)
+        sde_set, train = plan_steps(sampling, steps)
         step_fn = _step_fn(sampling.sde_type)
         a = 0.0 if sampling.greedy else float(sampling.noise_level)
         g_scale = float(sampling.guidance_scale)
@@ -987,200 +486,6 @@ class FlowPolicy:
             return lp
         return lp, self._entropy(std)
 
-    # ---- reference policy ---------------------------------------------------------------
-    def enable_reference(self) -> None:
-        """Fix the KL reference: with LoRA and reference="lora_disabled" the base model
-        (adapters off) is the reference and nothing is copied; otherwise snapshot a frozen
-        copy of the current transformer."""
-        if self.reference == "lora_disabled" and self.lora is not None:
-            self._ref_model = None
-            return
-        self._ref_model = copy.deepcopy(self.transformer).eval().requires_grad_(False)
-
-    def _reference_transitions(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
-        with torch.no_grad():
-            if self._ref_model is not None:
-                return self._transitions(self._ref_model, rollout)
-            if self.reference == "lora_disabled" and self.lora is not None:
-                self.transformer.disable_adapters()
-                try:
-                    return self._transitions(self.transformer, rollout)
-                finally:
-                    self.transformer.enable_adapters()
-        raise RuntimeError("no reference policy: call enable_reference() first")
-
-    def reference_logprobs(self, rollout: Rollout) -> Tensor:
-        """(N, A) log pi_ref of the rollout's transitions, no grad."""
-        return self._reference_transitions(rollout)[0]
-
-    def attach_reference_means(self, rollout: Rollout) -> Rollout:
-        """Store the reference policy's transition means (N, A, ...) in the rollout's
-        context ("ref_mean", fp32, no grad) for the closed-form KL of
-        ``logprobs_with_kl``; returns the same rollout."""
-        rollout.context["ref_mean"] = self._reference_transitions(rollout)[2].detach()
-        return rollout
-
-    def logprobs_with_kl(self, rollout: Rollout, estimator: str = "closed_form", block: int = 0):
-        """(log-probs, entropy, KL) each (N, A): ``logprobs(with_entropy=True)`` plus the
-        closed-form KL(pi || pi_ref) of every transition from one forward pass.
-
-        Policy and reference steps are Gaussians with the same std (it depends only on the
-        schedule), so KL = mean over elements of (mu - mu_ref)^2 / (2 var):
-        ``"closed_form"`` uses the step's variance (std^2 = s^2 |Delta| for the SDE step,
-        s^2 for CPS), the exact per-element KL; ``"closed_form_flowgrpo"`` divides by
-        s^2 without the step length |Delta|, as flow_grpo's loss does (so its beta values
-        carry over); for CPS both are the same. ``block`` > 0 keeps only the components
-        that vary within ``block`` x ``block`` spatial tiles (``flow_sde.kl_closed_form``).
-        Needs ``attach_reference_means`` first.
-        """
-        from mmyatt.models.flow_sde import kl_closed_form
-        from mmyatt.protocols import CLOSED_FORM_KL
-
-        if estimator not in CLOSED_FORM_KL:
-            raise ValueError(f"estimator must be one of {CLOSED_FORM_KL}, got {estimator!r}")
-        ctx = rollout.context
-        if "ref_mean" not in ctx:
-            raise RuntimeError("no reference means: call attach_reference_means(rollout) first")
-        lp, std, mu = self._transitions(self.transformer, rollout)
-        kl_std = std
-        if estimator == "closed_form_flowgrpo" and ctx["sde_type"] == "sde":
-            step = (ctx["sigma"] - ctx["sigma_next"]).clamp_min(0.0).sqrt()  # sqrt|Delta|
-            kl_std = torch.where(step > 0, std / step.clamp_min(1e-30), std)
-        kl = kl_closed_form(
-            mu.flatten(0, 1), ctx["ref_mean"].flatten(0, 1), kl_std.reshape(-1), block=block
-        )
-        return lp, self._entropy(std), kl.reshape(lp.shape)
-
-    # ---- EMA ------------------------------------------------------------------------------
-    def _trainable(self) -> dict[str, nn.Parameter]:
-        return {n: p for n, p in self.transformer.named_parameters() if p.requires_grad}
-
-    @torch.no_grad()
-    def ema_update(self, decay: float = 0.9) -> None:
-        """ema <- decay * ema + (1 - decay) * w over the trainable weights (the first call
-        copies them). flow_grpo evaluates with EMA weights (decay 0.9 every 8 steps)."""
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be in [0, 1], got {decay}")
-        params = self._trainable()
-        if self._ema is None or set(self._ema) != set(params):
-            self._ema = {n: p.detach().clone() for n, p in params.items()}
-            return
-        for n, p in params.items():
-            self._ema[n].lerp_(p.detach(), 1.0 - decay)
-
-    def ema_state(self) -> dict[str, Tensor] | None:
-        """The EMA weights (name -> tensor) for checkpoints; None before any update."""
-        return None if self._ema is None else {n: t.clone() for n, t in self._ema.items()}
-
-    def load_ema_state(self, state: dict[str, Tensor] | None) -> None:
-        self._ema = None if state is None else {n: t.clone() for n, t in state.items()}
-
-    @contextlib.contextmanager
-    def ema_weights(self):
-        """Swap the EMA weights in (e.g. for evaluation sampling), restore on exit. Before
-        any ``ema_update`` the weights are used unchanged."""
-        if self._ema is None:
-            yield self
-            return
-        params = self._trainable()
-        backup = {n: p.detach().clone() for n, p in params.items()}
-        with torch.no_grad():
-            for n, p in params.items():
-                p.copy_(self._ema[n])
-        try:
-            yield self
-        finally:
-            with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(backup[n])
-
-    # ---- saving -----------------------------------------------------------------------
-    def _base_state_dict(self, merged: bool) -> dict[str, Tensor]:
-        """The transformer's weights under their original names: peft's ``base_layer``
-        wrappers unwrapped, LoRA weights dropped or (merged) folded into W + scale*B@A."""
-        sd = {}
-        for k, v in self.transformer.state_dict().items():
-            if ".lora_" in k:
-                continue
-            sd[k.replace(".base_layer.", ".")] = v.detach().clone()
-        if merged and self.lora is not None:
-            from peft.tuners.lora import LoraLayer
-
-            for name, mod in self.transformer.named_modules():
-                if isinstance(mod, LoraLayer) and "default" in mod.lora_A:
-                    sd[f"{name}.weight"] = sd[f"{name}.weight"] + mod.get_delta_weight("default")
-        return sd
-
-    def save(self, path: str, merged: bool = False) -> None:
-        """Write a diffusers-layout pipeline directory. With LoRA: the base transformer in
-        transformer/ plus the adapter in ``pytorch_lora_weights.safetensors`` (diffusers
-        key format ``transformer.<module>.lora_A.weight``, peft config in the metadata);
-        ``merged=True`` folds the adapter into full weights and writes no LoRA file."""
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / LORA_WEIGHT_NAME).unlink(missing_ok=True)
-        if self.lora is None:
-            self.transformer.save_pretrained(out / "transformer")
-        else:
-            base = type(self.transformer).from_config(self.transformer.config)
-            base.to(self.transformer.dtype)
-            base.load_state_dict(self._base_state_dict(merged), strict=True)
-            base.save_pretrained(out / "transformer")
-            if not merged:
-                self._save_lora(out / LORA_WEIGHT_NAME)
-        if self._pipeline is not None:
-            self._save_pipeline_components(out)
-            return
-        self.text_encoder.save_pretrained(out / "text_encoder")
-        self.tokenizer.save_pretrained(out / "tokenizer")
-        FlowMatchEulerDiscreteScheduler(shift=self.shift).save_pretrained(out / "scheduler")
-        kind = {"sd3": "sd3-image", "flux": "flux-image", "wan": "wan-video"}[self.family]
-        geometry = {
-            "kind": kind,
-            "image_size": self.image_size,
-            "channels": self.channels,
-            "num_frames": self.num_frames,
-            "patch_size": self.patch_size,
-            "max_length": self.max_length,
-            "position_channels": self.position_channels,
-        }
-        _write_model_index(out, self.transformer, self.text_encoder, geometry)
-
-    def _save_pipeline_components(self, out: Path) -> None:
-        """The loaded pipeline's other components and its model_index.json, so the folder
-        loads again here and in diffusers' ``DiffusionPipeline.from_pretrained``."""
-        from mmyatt.models.flow_pipeline import write_model_index
-
-        comps = self._pipeline["components"]
-        for name, obj in comps.items():
-            if name != "transformer" and obj is not None:
-                obj.save_pretrained(out / name)
-        index = dict(self._pipeline["index"])
-        # our geometry and prompt length, read back by load (diffusers ignores "_" keys)
-        index["_mmyatt"] = {
-            "image_size": self.image_size,
-            "num_frames": self.num_frames,
-            "max_sequence_length": self._pipeline["max_sequence_length"],
-            "embedded_guidance": self.embedded_guidance,
-        }
-        write_model_index(out, index, comps)
-
-    def _save_lora(self, file: Path) -> None:
-        from peft.utils import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
-        sd = get_peft_model_state_dict(self.transformer, adapter_name="default")
-        sd = {f"transformer.{k}": v.detach().contiguous().clone() for k, v in sd.items()}
-        meta = self.transformer.peft_config["default"].to_dict()
-        meta = {k: sorted(v) if isinstance(v, set) else v for k, v in meta.items()}
-        save_file(
-            sd,
-            str(file),
-            metadata={"format": "pt", LORA_METADATA_KEY: json.dumps(meta, default=str)},
-        )
-
     # ---- supervised flow matching -------------------------------------------------------
     def sft_loss(
         self,
@@ -1229,29 +534,6 @@ class FlowPolicy:
         xt = (1.0 - tb) * x0 + tb * eps
         v = self._forward(self.transformer, xt, t, cond, pooled).float()
         return ((v - (eps - x0)) ** 2).mean()
-
-
-def _plan_steps(sampling: Sampling, steps: int) -> tuple[set[int], set[int]]:
-    """(sde steps, train steps) of a rollout; train steps must be stochastic unless greedy."""
-    if steps < 1:
-        raise ValueError(f"denoise_steps must be >= 1, got {steps}")
-    everything = set(range(steps))
-    sde = everything if sampling.sde_steps is None else set(sampling.sde_steps)
-    train = sde if sampling.train_steps is None else set(sampling.train_steps)
-    for name, s in (("sde_steps", sde), ("train_steps", train)):
-        bad = sorted(s - everything)
-        if bad:
-            raise ValueError(f"Sampling.{name} {bad} outside 0..{steps - 1}")
-    if sampling.greedy:
-        return set(), train
-    if not train <= sde:
-        raise ValueError(
-            f"Sampling.train_steps {sorted(train - sde)} are not in sde_steps: an ODE step has "
-            "no log-prob to train"
-        )
-    if sampling.sde_type not in ("sde", "cps"):
-        raise ValueError(f"Sampling.sde_type must be 'sde' or 'cps', got {sampling.sde_type!r}")
-    return sde, train
 
 
 def _step_fn(sde_type: str):

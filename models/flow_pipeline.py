@@ -41,6 +41,7 @@ __all__ = [
     "VideoVAE",
     "load_pipeline_components",
     "pipeline_sigmas",
+    "transformer_forward",
 ]
 
 PIPELINE_FAMILIES = {
@@ -340,3 +341,70 @@ def build_codec(vae) -> nn.Module:
     if name == "AutoencoderKLWan":
         return VideoVAE(vae)
     raise _not_supported(f"VAE class {name}")
+
+
+def transformer_forward(
+    family: str,
+    model: nn.Module,
+    x: Tensor,
+    sigma: Tensor,
+    cond: Tensor,
+    pooled: Tensor,
+    *,
+    t_scale: float,
+    patch_size: int = 2,
+    embedded_guidance: float = 3.5,
+    position_channels: bool = False,
+) -> Tensor:
+    """Raw velocity of ``model`` (a ``family`` transformer: "sd3", "flux", "wan") for rows
+    x (R, ...), sigma (R,), cond (R, L, D), pooled (R, Dp), called the way each pipeline
+    calls it: SD3 and Wan take scheduler timesteps (sigma * ``t_scale``); Wan with
+    ``position_channels`` gets the position planes appended (``flow_tiny``); Flux takes
+    2x2-packed tokens with their ids and, if guidance-distilled, the embedded guidance.
+    The tiny built-ins are called the same way."""
+    dt = model.dtype
+    x, cond, pooled = x.to(dt), cond.to(dt), pooled.to(dt)
+    if family == "sd3":
+        return model(
+            hidden_states=x,
+            encoder_hidden_states=cond,
+            pooled_projections=pooled,
+            timestep=sigma * t_scale,  # diffusers SD3 takes scheduler timesteps
+            return_dict=False,
+        )[0]
+    if family == "wan":
+        if position_channels:
+            from mmyatt.models.flow_tiny import position_planes
+
+            x = torch.cat([x, position_planes(x)], dim=1)
+        return model(
+            hidden_states=x,
+            timestep=sigma * t_scale,
+            encoder_hidden_states=cond,
+            return_dict=False,
+        )[0]
+    return _forward_flux(model, x, sigma, cond, pooled, patch_size, embedded_guidance)
+
+
+def _forward_flux(model, x, sigma, cond, pooled, patch_size: int, embedded_guidance: float):
+    p, (b, c, h, w) = patch_size, x.shape
+    hh, ww = h // p, w // p
+    tokens = x.reshape(b, c, hh, p, ww, p).permute(0, 2, 4, 1, 3, 5).reshape(b, hh * ww, -1)
+    img_ids = torch.zeros(hh, ww, 3, device=x.device)
+    img_ids[..., 1] = torch.arange(hh, device=x.device)[:, None]
+    img_ids[..., 2] = torch.arange(ww, device=x.device)[None, :]
+    txt_ids = torch.zeros(cond.shape[1], 3, device=x.device)
+    guidance = None
+    if model.config.get("guidance_embeds", False):  # guidance-distilled (FLUX.1-dev)
+        guidance = torch.full((b,), embedded_guidance, device=x.device)
+    out = model(
+        hidden_states=tokens,
+        encoder_hidden_states=cond,
+        pooled_projections=pooled,
+        timestep=sigma.to(x.dtype),  # Flux scales by 1000 inside
+        img_ids=img_ids.reshape(-1, 3),
+        txt_ids=txt_ids,
+        guidance=guidance,
+        return_dict=False,
+    )[0]
+    return out.reshape(b, hh, ww, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)

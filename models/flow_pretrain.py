@@ -72,7 +72,8 @@ from mmyatt.datasets.shapes import (
     shape_records,
 )
 from mmyatt.lr_schedule import cosine_schedule
-from mmyatt.models.flow import FlowPolicy, build_tiny_flow_model
+from mmyatt.models.flow import FlowPolicy
+from mmyatt.models.flow_tiny import build_tiny_flow_model
 from mmyatt.models.protocol import Sampling, prompt_seed
 
 __all__ = ["evaluate_alignment", "pretrain_flow", "shape_vocab"]

@@ -25,11 +25,23 @@ Conventions shared by all steps:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-__all__ = ["cps_step", "euler_step", "flow_sigmas", "kl_closed_form", "sde_step", "within_blocks"]
+if TYPE_CHECKING:
+    from mmyatt.protocols import Sampling
+
+__all__ = [
+    "cps_step",
+    "euler_step",
+    "flow_sigmas",
+    "kl_closed_form",
+    "plan_steps",
+    "sde_step",
+    "within_blocks",
+]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -211,3 +223,26 @@ def kl_closed_form(mean: Tensor, ref_mean: Tensor, std: Tensor, block: int = 0) 
     std = torch.as_tensor(std, dtype=torch.float32, device=sq.device).expand(sq.shape[0])
     var = std.square()
     return torch.where(var > 0, sq / (2.0 * torch.where(var > 0, var, 1.0)), torch.zeros_like(sq))
+
+
+def plan_steps(sampling: Sampling, steps: int) -> tuple[set[int], set[int]]:
+    """(sde steps, train steps) of a rollout; train steps must be stochastic unless greedy."""
+    if steps < 1:
+        raise ValueError(f"denoise_steps must be >= 1, got {steps}")
+    everything = set(range(steps))
+    sde = everything if sampling.sde_steps is None else set(sampling.sde_steps)
+    train = sde if sampling.train_steps is None else set(sampling.train_steps)
+    for name, s in (("sde_steps", sde), ("train_steps", train)):
+        bad = sorted(s - everything)
+        if bad:
+            raise ValueError(f"Sampling.{name} {bad} outside 0..{steps - 1}")
+    if sampling.greedy:
+        return set(), train
+    if not train <= sde:
+        raise ValueError(
+            f"Sampling.train_steps {sorted(train - sde)} are not in sde_steps: an ODE step has "
+            "no log-prob to train"
+        )
+    if sampling.sde_type not in ("sde", "cps"):
+        raise ValueError(f"Sampling.sde_type must be 'sde' or 'cps', got {sampling.sde_type!r}")
+    return sde, train

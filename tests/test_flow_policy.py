@@ -14,8 +14,9 @@ import pytest
 import torch
 from adapter_contract import AdapterContract
 
-from mmyatt.models.flow import FlowPolicy, build_tiny_flow_model
+from mmyatt.models.flow import FlowPolicy
 from mmyatt.models.flow_sde import flow_sigmas
+from mmyatt.models.flow_tiny import build_tiny_flow_model
 from mmyatt.models.protocol import Sampling
 
 torch.set_num_threads(1)
@@ -325,7 +326,7 @@ def test_pretrain_smoke(tmp_path):
 
 # --- position planes (tiny video built-in) --------------------------------------------------
 def test_position_planes_span_frames_rows_and_columns():
-    from mmyatt.models.flow import position_planes
+    from mmyatt.models.flow_tiny import position_planes
 
     p = position_planes(torch.zeros(2, 3, 4, 2, 3))
     assert p.shape == (2, 5, 4, 2, 3)
