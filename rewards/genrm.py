@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
-MODES = ("yes_prob", "score", "pairwise")  # pairwise: win rates, see rewards/pairwise.py
+MODES = ("yes_prob", "score", "pairwise", "vqa")  # pairwise.py: win rates; vqa.py: questions
 DEFAULT_TEMPLATES = {
     "yes_prob": "yes_no_alignment",
     "score": "score_1_10",
@@ -224,6 +224,8 @@ class GenRMReward:
         max_opponents: int | None = None,
         first_tokens: Sequence[str] = ("1", " 1"),
         second_tokens: Sequence[str] = ("2", " 2"),
+        questions: Sequence[dict] | None = None,
+        combine: str = "product",
     ):
         if mode not in MODES:
             raise ValueError(f"GenRM mode must be one of {MODES}, got {mode!r}")
@@ -251,8 +253,20 @@ class GenRMReward:
         self.first_tokens, self.second_tokens = tuple(first_tokens), tuple(second_tokens)
         if mode == "pairwise" and verdict == "yes_prob" and template is None:
             template = DEFAULT_TEMPLATES["yes_prob"]
+        self.questions: list[dict[str, str]] = []
+        if mode == "vqa":  # rewards/vqa.py: questions with expected answers, no template
+            from mmyatt.rewards.vqa import COMBINE, parse_questions
+
+            if template is not None:
+                raise ValueError("GenRM mode 'vqa' takes 'questions', not a 'template'")
+            if combine not in COMBINE:
+                raise ValueError(f"GenRM combine must be one of {COMBINE}, got {combine!r}")
+            self.questions, self.combine = parse_questions(questions), combine
+            template = self.questions[0]["question"]
+        elif questions is not None:
+            raise ValueError(f"GenRM 'questions' is for mode 'vqa', not {mode!r}")
         self.template_name = str(template or DEFAULT_TEMPLATES[mode])
-        self.template = load_template(self.template_name)
+        self.template = template if mode == "vqa" else load_template(self.template_name)
         self.fields = template_fields(self.template)
         self.repeats = int(repeats)
         self.yes_tokens, self.no_tokens = tuple(yes_tokens), tuple(no_tokens)
@@ -291,15 +305,19 @@ class GenRMReward:
         return self.yes_tokens, self.no_tokens
 
     # --- building requests ------------------------------------------------------------
-    def messages(self, output: Any, record: dict, index: int = 0) -> list[dict]:
-        """The judge conversation for one sample."""
+    def messages(
+        self, output: Any, record: dict, index: int = 0, template: str | None = None
+    ) -> list[dict]:
+        """The judge conversation for one sample (``template``: instead of the reward's)."""
         is_text = isinstance(output, str)
-        if is_text and "output" not in self.fields:
+        template_text = self.template if template is None else template
+        fields = self.fields if template is None else template_fields(template)
+        if is_text and "output" not in fields:
             raise ValueError(
                 f"judge template {self.template_name!r} has no {{output}} field, so a text "
                 "output would never reach the judge; use e.g. 'yes_no_correct'"
             )
-        if not is_text and "output" in self.fields:
+        if not is_text and "output" in fields:
             raise ValueError(
                 f"judge template {self.template_name!r} puts {{output}} in the text, but the "
                 f"output is a {type(output).__name__} (sent as an image)"
@@ -307,14 +325,14 @@ class GenRMReward:
         values = dict(record)
         if is_text:
             values["output"] = output
-        missing = sorted(f for f in self.fields if f not in values)
+        missing = sorted(f for f in fields if f not in values)
         if missing:
             where = record.get("_source", f"sample {index}")
             raise ValueError(
                 f"judge template {self.template_name!r} needs record field(s) {missing}, "
                 f"absent from {where} (fields: {sorted(record)})"
             )
-        text = self.template.format_map(values)
+        text = template_text.format_map(values)
         parts: list[dict] = []
         if self.image_key is not None:
             for image in self._record_images(record, index):
@@ -447,22 +465,46 @@ class GenRMReward:
         check_batch(outputs, records, prompt_ids)
         if self.mode == "pairwise":
             return self._pairwise(outputs, records, prompt_ids)
-        bodies = self.requests(outputs, records)
+        if self.mode == "vqa":
+            from mmyatt.rewards.vqa import combine, vqa_requests, vqa_values
+
+            bodies = vqa_requests(self, outputs, records)
+        else:
+            bodies = self.requests(outputs, records)
         self._calls += 1
         responses = self.client.chat_many(bodies) if bodies else []
         self.stats["requests"] += len(bodies)
-        values = self._values(list(responses), len(outputs))
+        if self.mode == "vqa":
+            values = vqa_values(self, list(responses), records, outputs)
+        else:
+            values = self._values(list(responses), len(outputs))
         rewards, failed = [], []
         for row in values:
             misses = sum(v is None for v in row)
             filled = [self.fallback if v is None else v for v in row]
-            rewards.append(sum(filled) / len(filled))
+            if self.mode == "vqa":
+                rewards.append(combine(filled, self.combine))
+            else:
+                rewards.append(sum(filled) / len(filled))
             failed.append(misses / len(row))
             self.stats["parse_failures"] += misses
             self.stats["fallback_used"] += int(misses > 0)
         self.stats["samples"] += len(outputs)
-        self.stats["judgements"] += len(outputs) * self.repeats
-        self.last_verdicts = self._verdicts(bodies, list(responses), values, rewards)
+        self.stats["judgements"] += len(outputs) * (
+            len(self.questions) if self.mode == "vqa" else self.repeats
+        )
+        if self.mode == "vqa":
+            self.last_verdicts = [
+                {
+                    "mode": "vqa",
+                    "questions": [q["question"] for q in self.questions],
+                    "values": row,
+                    "verdict": r,
+                }
+                for row, r in zip(values, rewards)
+            ]
+        else:
+            self.last_verdicts = self._verdicts(bodies, list(responses), values, rewards)
         total = torch.tensor(rewards, dtype=torch.float32)
         return total, {
             self.name: total.clone(),

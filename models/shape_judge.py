@@ -1,0 +1,257 @@
+"""Train the flow demo's built-in judge so that it reads colour and shape apart.
+
+A tiny Qwen2-VL (:func:`mmyatt.models.tiny_vlm.build_tiny_vlm`) is fine-tuned by SFT on
+three kinds of records (``mmyatt.datasets``):
+
+* the task's records of trained combinations (``vision_tasks``: colour / shape questions,
+  "Does this image show a {colour} {shape}?", one-attribute checks);
+* factored records (``factored_shapes``): task shapes in off-palette colours with shape
+  questions, extra shapes in palette colours with colour questions, and judge questions
+  about both answered No;
+* nothing else: no record shows or asks about a combination in ``exclude``, and no label
+  comes from a rule or from a generator's samples.
+
+Two stages: colour and shape questions (task + factored) until both are read on the
+trained combinations, then the judge mix. The checkpoint is chosen on the **validation**
+held-out combinations (``shapes.HELDOUT_VAL``: shown to no training record); the test
+combinations (``shapes.HELDOUT_TEST``) are scored once at the end.
+
+    python -m mmyatt.models.shape_judge OUT [--minutes 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def judge_mix(
+    n: int, *, seed: int, factored_fraction: float, exclude, sizes, named_fraction: float = 0.0
+) -> list[dict]:
+    from mmyatt.datasets import vision_tasks as vt
+    from mmyatt.datasets.factored_shapes import factored_records, named_records
+
+    n_fac = int(round(n * factored_fraction))
+    n_named = int(round(n * named_fraction))
+    records = vt.judge_training_mix(
+        n - n_fac - n_named,
+        seed=seed,
+        classification_fraction=0.25,
+        attribute_fraction=0.25,
+        sizes=sizes,
+        exclude=exclude,
+    )
+    records += factored_records(n_fac, seed=seed + 31, sizes=sizes, exclude=exclude)
+    records += named_records(n_named, seed=seed + 43, sizes=sizes, exclude=exclude)
+    order = np.random.default_rng([seed, 13]).permutation(len(records))
+    return [records[i] for i in order]
+
+
+def classification_mix(
+    n: int, *, seed: int, factored_fraction: float, exclude, sizes, named_fraction: float = 0.0
+) -> list[dict]:
+    from mmyatt.datasets import vision_tasks as vt
+    from mmyatt.datasets.factored_shapes import factored_records, named_records
+
+    n_fac = int(round(n * factored_fraction))
+    n_named = int(round(n * named_fraction))
+    records = vt.shape_records(n - n_fac - n_named, seed=seed, sizes=sizes, exclude=exclude)
+    named = named_records(3 * n_named + 3, seed=seed + 47, sizes=sizes, exclude=exclude)
+    records += [r for r in named if r["task"] != "named_judge"][:n_named]
+    # only the open questions of the factored kinds in this stage
+    fac = [
+        r
+        for r in factored_records(3 * n_fac + 6, seed=seed + 37, sizes=sizes, exclude=exclude)
+        if r["task"] in ("off_shape", "extra_colour")
+    ]
+    records += fac[:n_fac]
+    order = np.random.default_rng([seed, 14]).permutation(len(records))
+    return [records[i] for i in order]
+
+
+def evaluate(policy, sets: dict[str, tuple[list[dict], list[dict]]]) -> dict[str, float]:
+    """Per named set of (classification records, Yes/No records): colour / shape
+    accuracy and the judge's accuracy, acceptance of correct claims and mean P(Yes)."""
+    from mmyatt.models import judge_training as jt
+
+    out: dict[str, float] = {}
+    for name, (cls, yn) in sets.items():
+        for task, acc in jt.classification_by_task(policy, cls).items():
+            out[f"{name}/{task}"] = round(acc, 4)
+        j = jt.judge_accuracy(policy, yn)
+        out[f"{name}/judge_accuracy"] = round(j["accuracy"], 4)
+        out[f"{name}/accept_positive"] = round(j["accept_positive"], 4)
+        for t in ("colour", "shape", "both"):
+            out[f"{name}/reject_{t}"] = round(j[f"reject_{t}"], 4)
+    return out
+
+
+def eval_sets(seed: int, *, exclude, sizes, n: int = 300) -> dict:
+    from mmyatt.datasets import vision_tasks as vt
+    from mmyatt.datasets.factored_shapes import heldout_classification_records
+    from mmyatt.datasets.shapes import HELDOUT_TEST, HELDOUT_VAL
+
+    return {
+        "seen": (
+            vt.shape_records(n // 2, seed=50_000 + seed, sizes=sizes, exclude=exclude),
+            vt.judge_records(n, seed=51_000 + seed, sizes=sizes, exclude=exclude),
+        ),
+        "val_heldout": (
+            heldout_classification_records(
+                n // 2, seed=52_000 + seed, combos=HELDOUT_VAL, sizes=sizes
+            ),
+            vt.heldout_judge_records(n, seed=53_000 + seed, combos=HELDOUT_VAL, sizes=sizes),
+        ),
+        "test_heldout": (
+            heldout_classification_records(
+                n // 2, seed=54_000 + seed, combos=HELDOUT_TEST, sizes=sizes
+            ),
+            vt.heldout_judge_records(n, seed=55_000 + seed, combos=HELDOUT_TEST, sizes=sizes),
+        ),
+    }
+
+
+def train_shape_judge(
+    out_dir: str | Path,
+    *,
+    minutes: float = 25.0,
+    seed: int = 0,
+    size: str = "base",
+    lr: float = 1e-3,
+    batch_size: int = 32,
+    factored_fraction: float = 0.5,
+    named_fraction: float = 0.0,
+    sizes: tuple[int, ...] = (32, 56),
+    stage_target: float = 0.95,
+    max_stage_steps: int = 1500,
+    judge_steps: int = 3000,
+    eval_every: int = 150,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Train and save the judge; return {"best": ..., "test": ..., "history": ...}.
+
+    Selection: the judge-stage checkpoint with the best mean of judge accuracy on the
+    trained combinations and on the validation held-out combinations."""
+    import torch
+
+    from mmyatt.datasets.shapes import HELDOUT
+    from mmyatt.lr_schedule import cosine_schedule
+    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.vlm import VLMPolicy
+
+    say = log or (lambda _m: None)
+    torch.manual_seed(seed)
+    work = Path(out_dir)
+    from mmyatt.datasets.factored_shapes import corpus
+    from mmyatt.models.judge_training import _judge_corpus
+
+    words = _judge_corpus() + (corpus() * 2 if named_fraction else [])
+    build_tiny_vlm(work, arch="qwen2-vl", size=size, corpus=words, seed=seed)
+    policy = VLMPolicy.load(work, max_prompt_tokens=64)
+    model = policy.module()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    ex = tuple(HELDOUT)
+    sets = eval_sets(seed, exclude=ex, sizes=sizes)
+    stages = [("classification", classification_mix), ("judge", judge_mix)]
+    start = time.perf_counter()
+    history: list[dict] = []
+    best: dict[str, Any] = {"select": -1.0}
+    step, stage, stage_start = 0, 0, 0
+    sched = None
+    while True:
+        name, make = stages[stage]
+        if name == "judge" and sched is None:
+            sched = cosine_schedule(opt, judge_steps, floor=0.1)  # lr to lr / 10
+        batch = make(
+            batch_size,
+            seed=1_000_000 * (seed + 1) + step,
+            factored_fraction=factored_fraction,
+            named_fraction=named_fraction,
+            exclude=ex,
+            sizes=sizes,
+        )
+        loss = policy.sft_loss(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if sched is not None and step - stage_start < judge_steps:
+            sched.step()
+        step += 1
+        elapsed = time.perf_counter() - start
+        out_of_time = elapsed > minutes * 60
+        if step % eval_every and not out_of_time:
+            continue
+        model.eval()
+        with torch.no_grad():
+            m: dict[str, Any] = evaluate(
+                policy, {k: v for k, v in sets.items() if k != "test_heldout"}
+            )
+        model.train()
+        m.update(
+            step=step, seconds=round(elapsed, 1), loss=round(float(loss.detach()), 4), stage=name
+        )
+        history.append(m)
+        say(json.dumps(m))
+        if name == "judge":
+            m["select"] = (m["seen/judge_accuracy"] + m["val_heldout/judge_accuracy"]) / 2
+            if m["select"] > best["select"]:
+                best = m
+                policy.save(str(work))
+            if step - stage_start >= judge_steps:
+                break
+        elif (m["seen/shape"] >= stage_target and m["seen/colour"] >= stage_target) or (
+            step - stage_start >= max_stage_steps
+        ):
+            stage, stage_start = stage + 1, step
+        if out_of_time:
+            break
+    final = VLMPolicy.load(work, max_prompt_tokens=64)
+    with torch.no_grad():
+        test = evaluate(final, sets)
+    say(json.dumps({"final": test}))
+    return {
+        "best": best,
+        "test": test,
+        "history": history,
+        "steps": step,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("out")
+    ap.add_argument("--minutes", type=float, default=25.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--factored-fraction", type=float, default=0.5)
+    ap.add_argument("--named-fraction", type=float, default=0.0)
+    ap.add_argument("--judge-steps", type=int, default=3000)
+    a = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    r = train_shape_judge(
+        a.out,
+        minutes=a.minutes,
+        seed=a.seed,
+        factored_fraction=a.factored_fraction,
+        named_fraction=a.named_fraction,
+        judge_steps=a.judge_steps,
+    )
+    Path(a.out, "training.json").write_text(
+        json.dumps({k: r[k] for k in ("best", "test", "steps", "seconds")}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
