@@ -8,21 +8,25 @@ training run uses:
 * ``req_per_s_1``: one request in flight (sent one after another);
 * ``req_per_s_32``: 32 in flight;
 * ``model_ms_1``: the judge's forward on the same requests, one at a time, in this
-  process (the same code and torch threads as the server, no HTTP, no queue), and
+  process (the same code and torch threads as the server: chat template, tokenizer,
+  forward, top-k and token strings; no HTTP, no queue), and
   ``server_overhead_1 = 1 - model_ms_1 / wall_ms_1`` with ``wall_ms_1 = 1000 /
   req_per_s_1``: the share of a lone request's time that is not the model (the
   client's and server's HTTP, JSON, validation, queue and thread hops);
 * ``model_req_per_s_32``: the forward alone on the same requests in batches of 32.
 
+The model alone is measured in every round, between the servers' turns, so that load
+from other processes hits it and the servers alike; each figure keeps its best round.
+
 ``baseline=PATH`` also serves the judge with another server implementation (a
 ``judge_server.py`` file run as a script, e.g. an earlier commit's, taken with
 ``git show REV:rewards/judge_server.py``) side by side, on the same judge, with the
-same client and requests; rounds alternate between the servers so that load from
-other processes hits both alike, and each keeps its best round.
-
-``python -m mmyatt.genrm_bench --baseline-rev REV --out FILE`` takes the baseline server
-and client from a git revision of this repository: arms ``new`` (this server, this
-client), ``baseline`` (that server, this client) and ``baseline_with_its_client``.
+same client and requests; with ``baseline_client`` (a ``judge_client.py``) that
+server is also driven by its own client. ``mmyatt bench genrm`` takes both from
+:data:`BASELINE_REV` (the server and client before the move to FastAPI) when this is
+a git checkout: arms ``new`` (this server, this client), ``baseline`` (that server,
+this client) and ``baseline_with_its_client`` (the previous pair, end to end).
+``python -m mmyatt.genrm_bench --baseline-rev REV --out FILE`` picks another revision.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# the judge server and client before the move to FastAPI + uvicorn (commit 412a52b)
+BASELINE_REV = "412a52b~1"
 
 CORPUS = [
     "Question: what is 12 plus 34? Answer: 46. Is the answer correct? Yes",
@@ -87,28 +94,36 @@ def _req_per_s(
     return len(bodies) / elapsed, models
 
 
-def _model_only(model_dir: Path, bodies: list[dict], threads: int, rounds: int) -> dict:
-    """The judge's forward on the same requests, one at a time and in batches of 32."""
-    import torch
+class _ModelOnly:
+    """The judge's forward on the same requests, one at a time and in batches of 32,
+    in this process (the server's code, one torch thread pool of the same size)."""
 
-    from mmyatt.models.judge import TextJudge
+    def __init__(self, model_dir: Path, bodies_1: list[dict], bodies_32: list[dict], threads):
+        import torch
 
-    torch.set_num_threads(threads)
-    judge = TextJudge.load(model_dir)
-    messages = [b["messages"] for b in bodies]
-    k = int(bodies[0].get("top_logprobs") or 1)
-    judge.next_token_logprobs(messages[:4], k)  # warm-up
-    one = batched = float("inf")
-    for _ in range(rounds):
+        from mmyatt.models.judge import TextJudge
+
+        torch.set_num_threads(threads)
+        self.judge = TextJudge.load(model_dir)
+        self.one = [b["messages"] for b in bodies_1]
+        self.many = [b["messages"] for b in bodies_32]
+        self.k = int(bodies_1[0].get("top_logprobs") or 1)
+        self.judge.next_token_logprobs(self.one[:4], self.k)  # warm-up
+        self.ms_1 = self.s_per_req_32 = float("inf")
+
+    def round(self) -> None:
+        judge, k = self.judge, self.k
         t0 = time.perf_counter()
-        for m in messages:
+        for m in self.one:
             judge.next_token_logprobs([m], k)
-        one = min(one, (time.perf_counter() - t0) / len(messages))
+        self.ms_1 = min(self.ms_1, (time.perf_counter() - t0) / len(self.one) * 1000.0)
         t0 = time.perf_counter()
-        for i in range(0, len(messages), 32):
-            judge.next_token_logprobs(messages[i : i + 32], k)
-        batched = min(batched, (time.perf_counter() - t0) / len(messages))
-    return {"model_ms_1": one * 1000.0, "model_req_per_s_32": 1.0 / batched}
+        for i in range(0, len(self.many), 32):
+            judge.next_token_logprobs(self.many[i : i + 32], k)
+        self.s_per_req_32 = min(self.s_per_req_32, (time.perf_counter() - t0) / len(self.many))
+
+    def result(self) -> dict:
+        return {"model_ms_1": self.ms_1, "model_req_per_s_32": 1.0 / self.s_per_req_32}
 
 
 def _start_script(script: Path, model_dir: Path, tmp: Path, threads: int) -> tuple:
@@ -129,13 +144,59 @@ def _start_script(script: Path, model_dir: Path, tmp: Path, threads: int) -> tup
     return proc, f"http://127.0.0.1:{int(port_file.read_text())}"
 
 
+def baseline_files(rev: str, out_dir: Path) -> tuple[Path, Path]:
+    """(judge_server.py, judge_client.py) of git revision ``rev`` of this repository,
+    written into ``out_dir``; RuntimeError when this is not a git checkout or ``rev``
+    does not exist."""
+    root = Path(__file__).resolve().parent.parent
+    files = []
+    for name in ("judge_server", "judge_client"):
+        try:
+            source = subprocess.run(
+                ["git", "show", f"{rev}:rewards/{name}.py"],
+                cwd=root,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        except (OSError, subprocess.CalledProcessError) as error:
+            why = getattr(error, "stderr", "") or error
+            raise RuntimeError(f"no rewards/{name}.py at git revision {rev!r}: {why}") from None
+        path = out_dir / f"baseline_{name}.py"
+        path.write_text(source)
+        files.append(path)
+    return files[0], files[1]
+
+
 def bench_genrm(
     quick: bool = False,
     baseline: str | Path | None = None,
     baseline_client: str | Path | None = None,
+    baseline_rev: str | None = BASELINE_REV,
 ) -> dict:
-    """Measure the judge server (and ``baseline``, a judge_server.py, beside it; with
-    ``baseline_client``, a judge_client.py, also that client against that server)."""
+    """Measure the judge server and the model alone (and ``baseline``, a
+    judge_server.py, beside them; with ``baseline_client``, a judge_client.py, also that
+    client against that server). Without ``baseline``, both are taken from git revision
+    ``baseline_rev`` when this is a git checkout (None: no baseline)."""
+    with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-baseline-") as tmp:
+        note = None
+        if baseline is None and baseline_rev:
+            try:
+                baseline, baseline_client = baseline_files(baseline_rev, Path(tmp))
+            except RuntimeError as error:
+                note = f"no baseline: {error}"
+                baseline_rev = None
+        else:
+            baseline_rev = None
+        result = _bench(quick, baseline, baseline_client)
+    if baseline_rev:
+        result["baseline_rev"] = baseline_rev
+    if note:
+        result["baseline_note"] = note
+    return result
+
+
+def _bench(quick: bool, baseline, baseline_client) -> dict:
     from mmyatt.models.tiny import build_tiny_text_model
     from mmyatt.rewards.judge_pool import JudgePool
 
@@ -157,6 +218,7 @@ def bench_genrm(
     with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-bench-") as tmp:
         model_dir = build_tiny_text_model(Path(tmp) / "judge", size=size, corpus=CORPUS)
         bodies = _strip_model(bodies)  # the client asks /v1/models for the served name
+        model = _ModelOnly(model_dir, bodies[:n1], bodies[:n32], threads)
         servers: dict[str, str] = {}
         procs = []
         with JudgePool(model_dir, n=1, max_batch=32, batch_wait_ms=5, threads=threads) as pool:
@@ -172,6 +234,7 @@ def bench_genrm(
                     arms.append(("baseline_with_its_client", servers["baseline"], old_client))
                 best = {name: {"1": 0.0, "32": 0.0, "model_ms": []} for name, _, _ in arms}
                 for _ in range(rounds):
+                    model.round()
                     for name, url, client_cls in arms:
                         r1, ms1 = _req_per_s(url, bodies[:n1], 1, client_cls)
                         r32, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
@@ -183,27 +246,27 @@ def bench_genrm(
                 for proc in procs:
                     proc.terminate()
                     proc.wait(timeout=30)
-        model = _model_only(model_dir, bodies[:n1], threads, rounds)
+    model_only = model.result()
     for name, b in best.items():
         wall_ms = 1000.0 / b["1"]
         result[name] = {
             "req_per_s_1": b["1"],
             "req_per_s_32": b["32"],
             "wall_ms_1": wall_ms,
-            "server_overhead_1": 1.0 - model["model_ms_1"] / wall_ms,
+            "server_overhead_1": 1.0 - model_only["model_ms_1"] / wall_ms,
             "server_reported_model_ms_1": statistics.median(b["model_ms"]),
         }
-    result["model_only"] = model
+    result["model_only"] = model_only
     result["new_server_batches"] = {
         k: stats.get(k) for k in ("requests", "batches", "max_batch_seen", "waited_batches")
     }
-    if "baseline" in result:
-        result["ratio_req_per_s_32"] = (
-            result["new"]["req_per_s_32"] / result["baseline"]["req_per_s_32"]
-        )
-        result["ratio_req_per_s_1"] = (
-            result["new"]["req_per_s_1"] / result["baseline"]["req_per_s_1"]
-        )
+    new = result["new"]
+    for arm, key in (("baseline", "ratio"), ("baseline_with_its_client", "ratio_pair")):
+        if arm in result:  # this server (and client) over the baseline's
+            for n in ("1", "32"):
+                result[f"{key}_req_per_s_{n}"] = (
+                    new[f"req_per_s_{n}"] / result[arm][f"req_per_s_{n}"]
+                )
     return result
 
 
@@ -215,27 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="JSON file for the figures")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--baseline", default=None, help="a judge_server.py to serve beside")
-    p.add_argument("--baseline-rev", default=None, help="git revision to take it from")
+    p.add_argument(
+        "--baseline-rev",
+        default=BASELINE_REV,
+        help="git revision to take the baseline server and client from ('' for none)",
+    )
     args = p.parse_args(argv)
-    baseline, baseline_client = args.baseline, None
-    with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-baseline-") as tmp:
-        if args.baseline_rev:
-            root = Path(__file__).resolve().parent.parent
-            files = {}
-            for name in ("judge_server", "judge_client"):
-                source = subprocess.run(
-                    ["git", "show", f"{args.baseline_rev}:rewards/{name}.py"],
-                    cwd=root,
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                files[name] = Path(tmp) / f"baseline_{name}.py"
-                files[name].write_text(source)
-            baseline, baseline_client = files["judge_server"], files["judge_client"]
-        result = bench_genrm(args.quick, baseline, baseline_client)
-    if args.baseline_rev:
-        result["baseline_rev"] = args.baseline_rev
+    result = bench_genrm(args.quick, args.baseline, None, args.baseline_rev or None)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

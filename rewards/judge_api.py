@@ -11,6 +11,13 @@ A pure ASGI middleware in front of the app logs requests (request line and statu
 never headers: the API key), checks the key and bounds the body. A body over the limit
 is read and dropped before the 413 goes out, so that a client still sending it reads
 the answer instead of a reset connection (bodies far over the limit are cut off).
+
+The hot route, ``POST /v1/chat/completions``, is answered by that middleware itself
+(:func:`chat_completion`): the body it has read is validated in one pass by pydantic's
+JSON parser and the answer written as JSON bytes, without FastAPI's routing, dependency
+solving and response classes, which cost about as much server CPU per request as the
+rest of the path together (BENCHMARKS.md, "GenRM serving"). Errors keep the same
+OpenAI shape and status codes as on the FastAPI routes.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import base64
 import binascii
 import hmac
 import io
+import json
 import sys
 import time
 import uuid
@@ -124,6 +132,20 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 
+def validation_error(errors: list[dict]) -> APIError:
+    """pydantic's (or FastAPI's) validation errors as one OpenAI-style 400."""
+    # the most specific error: a union (string or list of parts) reports every branch
+    first = max(errors, key=lambda e: len(e.get("loc", ()))) if errors else {}
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error") or first.get("msg")
+        return APIError(f"the request body is not valid JSON: {why}")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = [x for x in loc if x != "str" and "[" not in x]  # union branch tags
+    param = loc[0] if loc else None
+    text = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return APIError(f"{'.'.join(loc) or 'body'}: {text}", param=param)
+
+
 def _check_image(url: str) -> None:
     from PIL import Image, UnidentifiedImageError
 
@@ -211,10 +233,47 @@ def choices(work: Work, result: Result) -> list[dict]:
     return out
 
 
+async def chat_completion(body: bytes, server: JudgeServer) -> tuple[bytes, float]:
+    """The answer to a chat-completions body (JSON bytes) and the model ms it took;
+    :class:`APIError` for anything the client is told about."""
+    try:
+        work = to_work(ChatRequest.model_validate_json(body), server)
+    except ValidationError as error:
+        raise validation_error(error.errors()) from None
+    try:
+        future = server.batcher.submit(work)
+        result = await asyncio.wait_for(
+            asyncio.wrap_future(future), timeout=server.request_timeout_s
+        )
+    except BatcherStopped as error:
+        raise APIError(str(error), 503) from error
+    except asyncio.TimeoutError as error:
+        raise APIError("the judge model did not answer in time", 504) from error
+    except ValueError as error:  # the model refused the input
+        raise APIError(str(error)) from error
+    except Exception as error:  # noqa: BLE001 - reported to the client as a 500
+        raise APIError(f"judge model error: {type(error).__name__}: {error}", 500) from error
+    ms = result.model_time_s * 1000.0
+    response = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": server.model_name,
+        "choices": choices(work, result),
+        "mmyatt": {
+            "model_time_ms": ms,
+            "batch_size": result.batch_size,
+            "queue_ms": result.queue_s * 1000.0,
+        },
+    }
+    return json.dumps(response, separators=(",", ":")).encode("utf-8"), ms
+
+
 # --------------------------------------------------------------------------------------
 # The app
 # --------------------------------------------------------------------------------------
 _OPEN_PATHS = ("/health",)  # liveness probes need no key, as in vLLM
+CHAT_PATH = "/v1/chat/completions"
 
 
 class Guard:
@@ -281,6 +340,8 @@ class Guard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if path == CHAT_PATH:  # the hot route, answered here (see the module docstring)
+            return await self._chat(body, scope, receive, send)
         replayed = False
 
         async def replay():
@@ -291,6 +352,19 @@ class Guard:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+    async def _chat(self, body: bytes, scope, receive, send):
+        try:
+            payload, ms = await chat_completion(body, self.server)
+        except APIError as error:
+            return await _error_response(error)(scope, receive, send)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode("latin-1")),
+            (b"x-mmyatt-model-time-ms", f"{ms:.3f}".encode("latin-1")),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
     async def _too_large(self, scope, receive, send):
         error = APIError(f"request body over {self.server.max_body_bytes} bytes", 413)
@@ -321,19 +395,7 @@ def build_app(server: JudgeServer) -> Any:
     @app.exception_handler(RequestValidationError)
     @app.exception_handler(ValidationError)
     async def _invalid(_: Request, error: RequestValidationError | ValidationError):
-        errors = error.errors()
-        # the most specific error: a union (string or list of parts) reports every branch
-        first = max(errors, key=lambda e: len(e.get("loc", ()))) if errors else {}
-        if first.get("type") == "json_invalid":
-            why = first.get("ctx", {}).get("error") or first.get("msg")
-            message = f"the request body is not valid JSON: {why}"
-            return _error_response(APIError(message))
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        loc = [x for x in loc if x != "str" and "[" not in x]  # union branch tags
-        param = loc[0] if loc else None
-        text = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-        message = f"{'.'.join(loc) or 'body'}: {text}"
-        return _error_response(APIError(message, param=param))
+        return _error_response(validation_error(error.errors()))
 
     @app.exception_handler(404)
     async def _no_route(request: Request, _):
@@ -360,38 +422,7 @@ def build_app(server: JudgeServer) -> Any:
     def stats():
         return server.stats
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        # parsed and validated in one pass (pydantic's JSON parser), without FastAPI's
-        # generic body handling: the per-request cost at 1 in flight is what it adds
-        work = to_work(ChatRequest.model_validate_json(await request.body()), server)
-        try:
-            future = server.batcher.submit(work)
-            result = await asyncio.wait_for(
-                asyncio.wrap_future(future), timeout=server.request_timeout_s
-            )
-        except BatcherStopped as error:
-            raise APIError(str(error), 503) from error
-        except asyncio.TimeoutError as error:
-            raise APIError("the judge model did not answer in time", 504) from error
-        except ValueError as error:  # the model refused the input
-            raise APIError(str(error)) from error
-        except Exception as error:  # noqa: BLE001 - reported to the client as a 500
-            raise APIError(f"judge model error: {type(error).__name__}: {error}", 500) from error
-        ms = result.model_time_s * 1000.0
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": server.model_name,
-            "choices": choices(work, result),
-            "mmyatt": {
-                "model_time_ms": ms,
-                "batch_size": result.batch_size,
-                "queue_ms": result.queue_s * 1000.0,
-            },
-        }
-        return JSONResponse(response, headers={"x-mmyatt-model-time-ms": f"{ms:.3f}"})
+    # POST /v1/chat/completions is answered by the Guard (chat_completion)
 
     @app.post("/sleep")
     def sleep():

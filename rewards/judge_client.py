@@ -11,8 +11,10 @@ VLM judge add e.g. ``--limit-mm-per-prompt '{"image": 1}'``). Then
 the same way.
 
 * **Async core, sync facade.** Requests run on a private asyncio event loop in a
-  daemon thread, over an ``httpx.AsyncClient`` (keep-alive connections per server).
-  ``chat_many(requests)`` blocks the caller and returns responses in order;
+  daemon thread, over pooled HTTP/1.1 keep-alive connections per server
+  (:mod:`mmyatt.rewards.judge_http`: asyncio transports, responses parsed by
+  ``httptools``, the C parser uvicorn uses). ``chat_many(requests)`` blocks the caller
+  and returns responses in order;
   ``await client.achat(request)`` / ``achat_many`` serve async callers on any loop
   (e.g. streaming each finished rollout sample to the judge).
 * **Bounded in-flight.** At most ``max_in_flight`` requests are on the wire at once;
@@ -46,8 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt
+
+from mmyatt.rewards.judge_http import HostPool, Response
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -80,12 +83,17 @@ class _RetryableError(Exception):
 @dataclass
 class _Server:
     url: str
+    host: str
+    port: int
+    tls: bool
+    base_path: str
     in_flight: int = 0
     requests: int = 0
     errors: int = 0
     consecutive_failures: int = 0
     down_until: float = 0.0
     model: str | None = None
+    pool: HostPool | None = None  # made on the client's loop
 
 
 @dataclass
@@ -98,14 +106,25 @@ class _Attempts:
     last_url: str = ""
 
 
-def _server_root(url: str) -> str:
+def _parse_url(url: str) -> _Server:
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"judge URL {url!r} must look like http://host:port")
+    tls = parts.scheme == "https"
     base = parts.path.rstrip("/")
     if base.endswith("/v1"):  # accept OpenAI-style base URLs too
         base = base[: -len("/v1")]
-    return f"{parts.scheme}://{parts.netloc}{base}"
+    root = f"{parts.scheme}://{parts.netloc}{base}"
+    return _Server(root, parts.hostname, parts.port or (443 if tls else 80), tls, base)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:  # uvloop (a dependency where it builds): less CPU per request
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
 
 
 class JudgeClient:
@@ -131,7 +150,7 @@ class JudgeClient:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        self.servers = [_Server(_server_root(u)) for u in urls]
+        self.servers = [_parse_url(u) for u in urls]
         self.urls = [s.url for s in self.servers]
         self._api_key = api_key or None
         self.max_in_flight = int(max_in_flight)
@@ -152,7 +171,6 @@ class JudgeClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._sem: asyncio.Semaphore | None = None
-        self._http: httpx.AsyncClient | None = None
         self._rr = 0
 
     def __repr__(self) -> str:  # never shows the key
@@ -162,7 +180,7 @@ class JudgeClient:
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = _new_loop()
                 thread = threading.Thread(target=loop.run_forever, name="judge-client", daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread
@@ -171,21 +189,19 @@ class JudgeClient:
     def _submit(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
-    def _client(self) -> httpx.AsyncClient:
-        """The connection pool, made on the client's own loop."""
-        if self._http is None:
+    def _pool(self, server: _Server) -> HostPool:
+        """The server's keep-alive connections, made on the client's own loop."""
+        if server.pool is None:
             headers = {"Accept": "application/json", "User-Agent": "mmyatt-judge-client"}
             if self._api_key:
                 headers["Authorization"] = f"Bearer {self._api_key}"
-            self._http = httpx.AsyncClient(
-                headers=headers,
-                timeout=httpx.Timeout(self.timeout_s),
-                limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=self.max_in_flight
-                ),
-                trust_env=False,  # a judge on loopback is never reached through a proxy
-            )
-        return self._http
+            server.pool = HostPool(server.host, server.port, server.tls, headers)
+        return server.pool
+
+    async def _get(self, server: _Server, path: str) -> Response:
+        return await asyncio.wait_for(
+            self._pool(server).request("GET", server.base_path + path), self.timeout_s
+        )
 
     def close(self) -> None:
         """Close pooled connections and stop the client's loop thread."""
@@ -204,9 +220,10 @@ class JudgeClient:
             self._sem = None
 
     async def _close_all(self) -> None:
-        if self._http is not None:
-            http, self._http = self._http, None
-            await http.aclose()
+        for server in self.servers:
+            if server.pool is not None:
+                pool, server.pool = server.pool, None
+                pool.close()
 
     def __enter__(self) -> JudgeClient:
         return self
@@ -241,8 +258,7 @@ class JudgeClient:
 
         async def check(server: _Server) -> bool:
             try:
-                response = await self._client().get(f"{server.url}/health")
-                return response.status_code == 200
+                return (await self._get(server, "/health")).status == 200
             except Exception:  # noqa: BLE001 - any failure means not healthy
                 return False
 
@@ -351,7 +367,7 @@ class JudgeClient:
             if body.get("model") is None:
                 body["model"] = self.model or await self._model_name(server)
             response = await asyncio.wait_for(self._post_chat(server, body), self.timeout_s)
-        except (_RetryableError, httpx.TransportError, OSError, asyncio.TimeoutError) as error:
+        except (_RetryableError, OSError, asyncio.TimeoutError) as error:
             if isinstance(error, asyncio.TimeoutError):
                 error = _RetryableError(f"no answer within {self.timeout_s:g} s")
             elif not isinstance(error, _RetryableError):
@@ -371,19 +387,20 @@ class JudgeClient:
 
     async def _model_name(self, server: _Server) -> str:
         if server.model is None:
-            response = await self._client().get(f"{server.url}/v1/models")
+            response = await self._get(server, "/v1/models")
             self._check_status(server, response)
             try:
-                server.model = response.json()["data"][0]["id"]
+                server.model = json.loads(response.content)["data"][0]["id"]
             except (ValueError, KeyError, IndexError, TypeError) as error:
                 raise _RetryableError(f"bad /v1/models answer from {server.url}") from error
         return server.model
 
     async def _post_chat(self, server: _Server, body: dict) -> dict:
-        response = await self._client().post(
-            f"{server.url}/v1/chat/completions",
-            content=json.dumps(body).encode("utf-8"),
-            headers={"Content-Type": "application/json"},
+        response = await self._pool(server).request(
+            "POST",
+            server.base_path + "/v1/chat/completions",
+            json.dumps(body).encode("utf-8"),
+            "application/json",
         )
         self._check_status(server, response)
         try:
@@ -393,8 +410,8 @@ class JudgeClient:
             raise _RetryableError(f"{server.url} sent invalid JSON ({n} bytes)") from error
 
     @staticmethod
-    def _check_status(server: _Server, response: httpx.Response) -> None:
-        status = response.status_code
+    def _check_status(server: _Server, response: Response) -> None:
+        status = response.status
         if status == 200:
             return
         data = response.content

@@ -179,7 +179,8 @@ class JudgeServer:
             lifespan="off",
             log_config=None,
             log_level="warning",
-            access_log=False,
+            access_log=False,  # the Guard logs requests (--log-requests), never headers
+            proxy_headers=False,  # served directly; skips a middleware on every request
             timeout_keep_alive=300,
             timeout_graceful_shutdown=1,
             server_header=False,

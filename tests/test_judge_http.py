@@ -1,0 +1,170 @@
+"""The judge client's HTTP transport against servers that answer in every way HTTP/1.1
+allows (chunked, no length, closing idle connections) and ways it does not."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pytest
+
+from mmyatt.rewards.judge_client import JudgeClient, JudgeUnavailableError
+from mmyatt.rewards.judge_http import HostPool, StaleConnection, TransportError
+
+BODY = json.dumps({"choices": [{"message": {"content": "Yes"}}]}).encode()
+
+
+class RawServer:
+    """Answers each request on a connection with the next of ``replies`` (bytes, or
+    None to close the connection without answering); records the requests."""
+
+    def __init__(self, replies: list[bytes | None], *, keep: bool = True):
+        self.replies, self.keep = list(replies), keep
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            buf = b""
+            while self.replies:
+                while b"\r\n\r\n" not in buf:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                self.requests.append(head + b"\r\n\r\n" + rest[:length])
+                buf = rest[length:]
+                reply = self.replies.pop(0)
+                if reply is None:
+                    return
+                conn.sendall(reply)
+                if not self.keep:
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def ok(body: bytes = BODY, extra: str = "") -> bytes:
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def chunked(body: bytes = BODY) -> bytes:
+    a, b = body[:7], body[7:]
+    return (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + f"{len(a):x}\r\n".encode()
+        + a
+        + f"\r\n{len(b):x};ext=1\r\n".encode()
+        + b
+        + b"\r\n0\r\nTrailer: x\r\n\r\n"
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_content_length_chunked_and_close_delimited_bodies_on_one_pool():
+    server = RawServer([ok(), chunked(), b"HTTP/1.1 200 OK\r\n\r\n" + BODY])
+
+    async def go():
+        pool = HostPool("127.0.0.1", server.port, False, {"Authorization": "Bearer k"})
+        out = [await pool.request("POST", "/x", b'{"a": 1}', "application/json")]
+        out.append(await pool.request("GET", "/y"))
+        out.append(await pool.request("GET", "/z"))  # no length: the body ends at close
+        idle = len(pool.idle)
+        pool.close()
+        return out, idle
+
+    try:
+        responses, idle = run(go())
+    finally:
+        server.close()
+    assert [r.status for r in responses] == [200, 200, 200]
+    assert all(r.content == BODY for r in responses)
+    assert server.connections == 1 and idle == 0  # kept alive, then closed by the server
+    first = server.requests[0].decode()
+    assert first.startswith("POST /x HTTP/1.1\r\n") and "Content-Length: 8\r\n" in first
+    assert "Authorization: Bearer k" in first and first.endswith('{"a": 1}')
+    assert server.requests[1].decode().startswith("GET /y HTTP/1.1\r\n")
+
+
+def test_a_pooled_connection_closed_while_idle_is_replaced_at_once():
+    server = RawServer([ok(), None, ok(), ok()])  # the 2nd request finds the socket closed
+
+    async def go():
+        pool = HostPool("127.0.0.1", server.port, False, {})
+        first = await pool.request("GET", "/a")
+        second = await pool.request("GET", "/b")  # stale: answered on a new connection
+        pool.close()
+        return first, second
+
+    try:
+        first, second = run(go())
+    finally:
+        server.close()
+    assert first.status == second.status == 200 and server.connections == 2
+
+
+def test_fresh_connection_closed_and_broken_answers_raise_transport_errors():
+    server = RawServer([None, ok()[:30], b"SPDY/9 banana\r\n\r\n"], keep=False)
+
+    async def go():
+        pool = HostPool("127.0.0.1", server.port, False, {})
+        errors = []
+        for _ in range(3):
+            with pytest.raises(TransportError) as info:
+                await pool.request("GET", "/a")
+            errors.append(info.value)
+        return errors
+
+    try:
+        stale, cut, garbage = run(go())
+    finally:
+        server.close()
+    assert isinstance(stale, StaleConnection)  # not pooled: not retried by the pool itself
+    assert "inside the response" in str(cut) and "not valid HTTP" in str(garbage)
+
+
+def test_client_retries_broken_answers_and_reads_error_bodies():
+    error = json.dumps({"error": {"message": "busy"}}).encode()
+    busy = f"HTTP/1.1 503 Busy\r\nContent-Length: {len(error)}\r\n\r\n".encode() + error
+    server = RawServer([ok()[:30], busy, chunked()], keep=False)
+    try:
+        with JudgeClient([f"http://127.0.0.1:{server.port}"], model="m", backoff_s=0.01) as c:
+            answer = c.chat({"messages": [{"role": "user", "content": "hi"}]})
+            assert answer["choices"][0]["message"]["content"] == "Yes"
+            assert c.metrics()["retries"] == 2 and c.metrics()["failures"] == 0
+        assert json.loads(server.requests[0].partition(b"\r\n\r\n")[2])["model"] == "m"
+    finally:
+        server.close()
+    server = RawServer([busy] * 3, keep=False)
+    try:
+        with JudgeClient([f"http://127.0.0.1:{server.port}"], model="m", max_retries=2) as c:
+            with pytest.raises(JudgeUnavailableError, match="HTTP 503: busy"):
+                c.chat({"messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        server.close()
