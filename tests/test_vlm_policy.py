@@ -13,7 +13,8 @@ from PIL import Image, ImageDraw
 from mmyatt.datasets.media import image_to_data_url, write_video
 from mmyatt.models.protocol import Sampling
 from mmyatt.models.tiny_vlm import VISION_TOKENS, build_tiny_vlm
-from mmyatt.models.vlm import PromptTooLongError, VLMPolicy
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.models.vlm_inputs import PromptTooLongError
 
 torch.set_num_threads(1)
 
