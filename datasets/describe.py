@@ -374,6 +374,21 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
+def _names_heldout(text: str, rec: dict) -> bool:
+    """Whether ``text`` names a colour and a shape (or, for a clip, a colour, a shape and
+    a direction) that together make a held-out combination, in any order or object.
+
+    >>> _names_heldout("a square that is red", {"direction": None})
+    True
+    >>> _names_heldout("a red circle", {"direction": None})
+    False
+    """
+    words = set(_WORD.findall(text.lower()))
+    if any(c in words and s in words for c, s in HELDOUT):
+        return True
+    return bool(rec.get("direction")) and any(set(t) <= words for t in MOTION_HELDOUT)
+
+
 def judge_records(
     n: int, *, seed: int, video_fraction: float = 0.25, score: bool = False, **kwargs
 ) -> list[dict]:
@@ -395,8 +410,16 @@ def judge_records(
         else:
             kinds = [k for k in JUDGE_NEGATIVES if k != "direction" or rec["direction"]]
             weights = np.asarray([NEGATIVE_WEIGHTS[k] for k in kinds])
-            kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
-            answer = _negative(kind, rec, rng)
+            # a wrong value may name a held-out combination: redraw it, and after 20 tries
+            # (no wrong value of that kind avoids them) draw another kind
+            for attempt in range(200):
+                if attempt % 20 == 0:
+                    kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+                answer = _negative(kind, rec, rng)
+                if not _names_heldout(answer, rec):
+                    break
+            else:
+                raise RuntimeError(f"no negative of {rec['id']} avoids the held-out combinations")
         media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
         verdict = "Yes" if positive else "No"
         out.append(

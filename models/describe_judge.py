@@ -89,24 +89,38 @@ def eval_sets(n: int, *, split: str, seed: int = 0) -> dict[str, list[dict]]:
 
 
 def training_batch(
-    n: int, *, seed: int, extra_colours: bool = True, base_share=0.3, score_share=0.15
+    n: int,
+    *,
+    seed: int,
+    extra_colours: bool = True,
+    base_share=0.3,
+    score_share=0.15,
+    named_share: float = 0.0,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
     ``base_share`` of it, the base judge's own records ("Does this image show a red circle?" with its
     colour / shape questions and one-attribute checks,
     :func:`mmyatt.datasets.vision_tasks.judge_training_mix`), so what it knows of colour
-    and shape is kept; none shows or names a held-out combination."""
+    and shape is kept, and, ``named_share`` of it, the same question about any named
+    colour on any task or extra shape (:func:`mmyatt.datasets.factored_shapes.named_records`:
+    80 combinations, too many to learn one by one); none shows or names a held-out
+    combination."""
     from mmyatt.datasets.shapes import HELDOUT
     from mmyatt.datasets.vision_tasks import judge_training_mix
 
     n_base = int(round(n * base_share))
     n_score = int(round(n * score_share))
-    out = judge_records(n - n_base - n_score, seed=seed, extra_colours=extra_colours)
+    n_named = int(round(n * named_share))
+    out = judge_records(n - n_base - n_score - n_named, seed=seed, extra_colours=extra_colours)
     if n_score:
         out += judge_records(n_score, seed=seed + 41, extra_colours=extra_colours, score=True)
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
+    if n_named:
+        from mmyatt.datasets.factored_shapes import named_records
+
+        out += named_records(n_named, seed=seed + 53, exclude=HELDOUT)
     order = np.random.default_rng([seed, 14]).permutation(len(out))
     return [out[i] for i in order]
 
@@ -124,6 +138,7 @@ def train_describe_judge(
     max_prompt_tokens: int = 160,
     extra_colours: bool = True,
     base_share: float = 0.3,
+    named_share: float = 0.0,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -157,6 +172,7 @@ def train_describe_judge(
             seed=1_000 * (seed + 1) + step,
             extra_colours=extra_colours,
             base_share=base_share,
+            named_share=named_share,
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)

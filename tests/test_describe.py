@@ -152,3 +152,15 @@ def test_score_variant_records_and_template():
 
     batch = training_batch(20, seed=0)
     assert sum(r["answer"].startswith("Score:") for r in batch) == 3
+
+
+def test_judge_records_never_name_a_heldout_combination():
+    """Not even as a wrong claim: "a red square" about a cyan square teaches the judge
+    that the held-out pair is wrong whatever the picture shows."""
+    records = d.judge_records(600, seed=5, extra_colours=True)
+    assert not any(d._names_heldout(r["output"], r) for r in records)
+    for r in records:
+        words = set(r["output"].lower().split())
+        assert not any(c in words and s in words for c, s in HELDOUT), r["output"]
+    # the guard itself: it sees a held-out pair in any order
+    assert d._names_heldout("a square that is red moving left", {"direction": "left"})
