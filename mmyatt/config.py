@@ -259,7 +259,10 @@ class PlacementConfig:
     judge_cores: int = 0  # partial: cores the judge holds meanwhile (0: the rest)
     stream_groups: int = 1  # partial: prompt groups per chunk streamed to the judge
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
-    profile_steps: int = 2  # auto: steps measured in each candidate mode before choosing
+    profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
+    # auto: run colocate and partial during profiling, instead of starting in one (partial
+    # with a judge, else shared) and predicting the others from its measured roles
+    profile_all_modes: bool = False
     reevaluate_every: int = 10  # auto: steps between re-evaluations
     drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much
     log_memory: bool = True  # per-phase peak RSS (placement/peak_rss_mb_<phase>)

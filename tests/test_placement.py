@@ -138,7 +138,7 @@ PLANS = [make_plan("colocate", (0, 1)), make_plan("partial", (0, 1), 1, 1)]
 
 
 def _profiled(colo: Measure, part: Measure, **kw) -> AutoPlacer:
-    a = AutoPlacer(PLANS, has_judge=True, start_partial=PLANS[1], profile=1, **kw)
+    a = AutoPlacer(PLANS, has_judge=True, start_partial=PLANS[1], profile=1, profile_all=True, **kw)
     seen = []
     for m in (colo, colo, part):  # warm-up, colocate profile, partial profile
         plan, _ = a.next_plan()
@@ -195,7 +195,7 @@ def test_auto_switches_when_the_judge_cost_drifts():
     assert line.startswith("drift (judge x10.00)")
     assert plan.mode == "partial"
     # the partial judge time was scaled by the same factor: 0.6 s -> 6 s on one core
-    assert a.model.judge[1] == pytest.approx(6.0)
+    assert a.model.judge[("partial", 1)] == pytest.approx(6.0)
     # hand-worked: colocate 4 + 0.1 + 5 + 1 = 10.1; partial max(5 + 1.5, 6 + 1.25) + 1 = 8.25
     assert a.predictions["colocate"] == pytest.approx(10.1)
     assert a.predictions["partial 1:1"] == pytest.approx(8.25)
@@ -235,3 +235,54 @@ def test_a_judge_without_placement_routes_keeps_shared_running_and_fails_pinning
             jc.place([0], 1)
     finally:
         srv.shutdown()
+
+
+PLANS3 = [make_plan("shared", (0, 1)), *PLANS]
+
+
+def _steps(a: AutoPlacer, measures) -> list[tuple[str, str | None]]:
+    out = []
+    for m in measures:
+        plan, line = a.next_plan()
+        out.append((plan.mode, line))
+        a.observe(m(plan) if callable(m) else m)
+    return out
+
+
+def test_auto_with_a_judge_starts_partial_and_predicts_the_rest():
+    part = _measure("partial", 1, 1, gen=6.0, judge=6.0)  # 4 chunks, train 1
+    a = AutoPlacer(PLANS3, has_judge=True, start_partial=PLANS[1], profile=1)
+    assert [m for m, _ in _steps(a, [part, part])] == ["partial", "partial"]  # warm-up, profile
+    plan, line = a.next_plan()
+    assert plan.mode == "partial" and line.startswith("profiled: auto picks partial 1:1")
+    # hand-worked: partial max(6 + 1.5, 6 + 1.5) + 1 = 8.5; shared: generation on 2 cores
+    # 6 / 2 = 3, the judge not assumed faster on more cores: 6, + train 1 = 10; colocate
+    # the same with no reload measured yet
+    assert a.predictions == pytest.approx({"partial 1:1": 8.5, "shared": 10.0, "colocate": 10.0})
+
+
+def test_auto_measures_a_predicted_switch_then_chooses_again():
+    part = _measure("partial", 1, 1, gen=10.0, judge=1.0)
+    shared = _measure("shared", 2, 2, gen=5.5, judge=1.2)
+    a = AutoPlacer(PLANS3, has_judge=True, start_partial=PLANS[1], profile=1)
+    _steps(a, [part, part])
+    plan, line = a.next_plan()
+    # partial max(10 + 0.25, 1 + 2.5) + 1 = 11.25; shared 10 / 2 + 1 + 1 = 7 (colocate
+    # ties with it: the first, shared, is taken)
+    assert plan.mode == "shared" and "picks shared" in line
+    assert a.predictions["partial 1:1"] == pytest.approx(11.25)
+    assert a.predictions["shared"] == pytest.approx(7.0)
+    a.observe(shared)  # the switch measured: 5.5 + 1.2 + 1 = 7.7
+    plan, line = a.next_plan()
+    assert plan.mode == "shared" and line.startswith("measured shared: auto keeps shared")
+    assert a.predictions["shared"] == pytest.approx(7.7)
+    a.observe(shared)
+    assert a.next_plan() == (PLANS3[0], None)  # nothing due
+
+
+def test_auto_without_a_judge_starts_shared_and_keeps_it():
+    a = AutoPlacer(PLANS3, has_judge=False, start_partial=PLANS[1], profile=1)
+    shared = _measure("shared", 2, 2, gen=4.0, judge=0.0)
+    assert [m for m, _ in _steps(a, [shared] * 5)] == ["shared"] * 5
+    # colocate: the same measured roles, no judge to reload; partial: 4 s on 2 cores -> 8
+    assert a.predictions == pytest.approx({"shared": 5.0, "colocate": 5.0, "partial 1:1": 9.0})

@@ -7,14 +7,19 @@ weights reloaded), ``train_s`` (advantage + log-probs + update on every core) an
 ``collect_s`` (all of generate + score as the mode ran them) and ``step_s``. The model keeps the latest (smoothed) time of each role per core count it
 was measured at, and predicts
 
+- shared on C cores: gen(C) + judge(C) + train + rest_shared (nothing pinned)
 - colocate on C cores: gen(C) + reload + judge(C) + train + rest_colocate
 - partial on r + j cores: pipeline(gen(r), judge(j), chunks) + train + rest_partial,
   where the judge scores each finished chunk while the next one is generated:
   pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks
 
-A role measured at one core count is scaled to another by the ratio of core counts
-(work conserved); ``rest_*`` is what a mode's measured step held beyond the modelled
-phases (barriers, HTTP, stragglers, judge sleep calls). When a role's time moves by more than the drift
+Each time is kept per (mode, core count) as measured. An unmeasured one is derived from
+the nearest measured core count: generation (one process per controller) by the ratio
+of core counts (work conserved); the judge (one server process, whose extra threads
+may not help) is slowed by the ratio when it gets fewer cores but never assumed faster
+with more than it was measured at. ``rest_*`` is what a mode's measured step held
+beyond the modelled phases (barriers, HTTP, stragglers, judge sleep calls); an
+unmeasured mode gets the smallest measured one. When a role's time moves by more than the drift
 threshold, every stored time of that role is scaled by the same factor (the work
 changed, not the machine) and the choice is re-evaluated.
 """
@@ -55,7 +60,7 @@ class CostModel:
     smoothing: float = 0.5  # weight of the newest measurement
     drift_threshold: float = 0.25
     gen: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, cores) -> s
-    judge: dict[int, float] = field(default_factory=dict)  # judge cores -> s
+    judge: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, cores) -> s
     reload: float = 0.0
     train: float | None = None
     rest: dict[str, float] = field(default_factory=dict)  # mode -> s
@@ -84,7 +89,7 @@ class CostModel:
         if d is not None:
             drifts.append(f"generate x{d:.2f}")
         if self.has_judge:
-            d = self._update(self.judge, m.judge_cores, m.judge_s)
+            d = self._update(self.judge, (m.mode, m.judge_cores), m.judge_s)
             if d is not None:
                 drifts.append(f"judge x{d:.2f}")
         if m.mode == "colocate":
@@ -98,16 +103,18 @@ class CostModel:
             self.rest[m.mode] = rest if old is None else 0.5 * (old + rest)
         return drifts
 
-    def _scaled(self, table: dict, key, cores: int, match=None) -> float | None:
+    def _scaled(
+        self, table: dict, key, cores: int, match=None, speedup: bool = True
+    ) -> float | None:
         if key in table:
             return table[key]
         near = [(k, v) for k, v in table.items() if match is None or match(k)]
         if not near:
             return None
-        k, v = min(
-            near, key=lambda kv: abs((kv[0][1] if isinstance(kv[0], tuple) else kv[0]) - cores)
-        )
-        c0 = k[1] if isinstance(k, tuple) else k
+        k, v = min(near, key=lambda kv: (abs(kv[0][1] - cores), kv[1]))
+        c0 = k[1]
+        if not speedup and cores >= c0:
+            return v
         return v * c0 / max(1, cores)
 
     def gen_time(self, mode: str, cores: int) -> float | None:
@@ -118,16 +125,24 @@ class CostModel:
         same = self._scaled(self.gen, (mode, cores), cores, match=lambda k: k[0] == mode)
         return same if same is not None else self._scaled(self.gen, (mode, cores), cores)
 
-    def judge_time(self, cores: int) -> float | None:
+    def judge_time(self, cores: int, mode: str | None = None) -> float | None:
         if not self.has_judge:
             return 0.0
-        return self._scaled(self.judge, cores, cores)
+        if mode is not None:
+            same = self._scaled(
+                self.judge, (mode, cores), cores, match=lambda k: k[0] == mode, speedup=False
+            )
+            if same is not None:
+                return same
+        return self._scaled(self.judge, (mode, cores), cores, speedup=False)
 
     def _phases(self, mode: str, r: int, j: int) -> float | None:
         g = self.gen_time(mode, r)
-        jt = self.judge_time(j)
+        jt = self.judge_time(j, mode)
         if g is None or jt is None:
             return None
+        if mode == "shared":
+            return g + jt
         if mode == "colocate":
             return g + (self.reload if self.has_judge else 0.0) + jt
         return pipeline(g, jt, self.chunks) if self.has_judge else g
@@ -137,16 +152,23 @@ class CostModel:
         phases = self._phases(plan.mode, len(plan.rollout), len(plan.judge))
         if phases is None or self.train is None:
             return None
-        return phases + self.train + self.rest.get(plan.mode, self.rest.get("colocate", 0.0))
+        rest = self.rest.get(plan.mode, min(self.rest.values(), default=0.0))
+        return phases + self.train + rest
 
 
 class AutoPlacer:
     """Profiles, predicts, picks; re-evaluates every ``every`` steps or on drift.
 
-    Schedule: step 1 runs colocate and is not measured (warm-up); then ``profile``
-    steps of colocate and, when a judge serves the reward, ``profile`` steps of partial
-    at ``start_partial``'s split; then the plan with the lowest predicted step time.
-    Without a judge, partial's judge cores would idle and it is predicted, not run."""
+    Schedule (``profile_all=False``, the default): step 1 runs the starting plan and is
+    not measured (warm-up): partial at ``start_partial``'s split when a judge serves the
+    reward (judging can overlap generation), else shared; then ``profile`` measured
+    steps of it; then the plan with the lowest predicted step time, the others
+    predicted from the measured roles. A plan it switches to is measured for
+    ``profile`` steps and the choice made again with both measured, so a prediction
+    that was wrong costs ``profile`` steps. ``profile_all=True``: warm-up and
+    ``profile`` steps of colocate, then ``profile`` steps of partial (with a judge),
+    then the choice. Without a judge, partial's judge cores would idle and it is
+    predicted, not run."""
 
     def __init__(
         self,
@@ -158,17 +180,26 @@ class AutoPlacer:
         every: int = 10,
         drift_threshold: float = 0.25,
         min_gain: float = 0.03,
+        profile_all: bool = False,
     ):
         self.candidates = candidates
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
         self.model = CostModel(len(self.colocate.cores), has_judge, drift_threshold=drift_threshold)
-        self.queue: list[CorePlan] = [self.colocate] * (1 + profile)
-        if has_judge and start_partial is not None:
-            self.queue += [start_partial] * profile
+        shared = [p for p in candidates if p.mode == "shared"]
+        if profile_all:
+            self.queue: list[CorePlan] = [self.colocate] * (1 + profile)
+            if has_judge and start_partial is not None:
+                self.queue += [start_partial] * profile
+        else:
+            start = start_partial if has_judge and start_partial is not None else None
+            start = start or (shared[0] if shared else self.colocate)
+            self.queue = [start] * (1 + profile)
         self.warmup = 1
+        self.profile = profile
+        self.verify_in = 0  # steps left to measure a plan just switched to
         self.every, self.min_gain = every, min_gain
-        self.current: CorePlan = self.colocate
+        self.current: CorePlan = self.queue[0]
         self.since = 0
         self.predictions: dict[str, float] = {}
         self.reason = "profiling"
@@ -176,7 +207,7 @@ class AutoPlacer:
 
     @staticmethod
     def key(plan: CorePlan) -> str:
-        return plan.mode if plan.mode == "colocate" else f"partial {plan.split}"
+        return f"partial {plan.split}" if plan.mode == "partial" else plan.mode
 
     def next_plan(self) -> tuple[CorePlan, str | None]:
         """The plan of the coming step, and a line to show when the choice changed."""
@@ -207,6 +238,9 @@ class AutoPlacer:
         old = self.current
         if switch:
             self.current = best
+            measured = self.model.gen.get((best.mode, len(best.rollout))) is not None
+            if best != old and not measured:
+                self.verify_in = self.profile  # measure it, then choose again
         self.reason = due
         others = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.predictions.items()))
         verb = "picks" if self.current != old or due == "profiled" else "keeps"
@@ -223,4 +257,8 @@ class AutoPlacer:
         drifts = self.model.observe(m)
         if drifts and not self.queue:
             self.pending_reason = "drift (" + ", ".join(drifts) + ")"
+        elif self.verify_in and not self.queue:
+            self.verify_in -= 1
+            if self.verify_in == 0:
+                self.pending_reason = f"measured {self.key(self.current)}"
         return drifts

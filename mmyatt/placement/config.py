@@ -115,9 +115,10 @@ def plan_for(cfg: RunConfig, available: list[int] | None = None) -> CorePlan | N
 
 
 def candidate_plans(cfg: RunConfig, available: list[int] | None = None) -> list[CorePlan]:
-    """What auto chooses from: colocate, and partial at every split of the cores."""
+    """What auto chooses from: shared (nothing pinned), colocate, and partial at every
+    split of the cores."""
     cores = run_cores(cfg.placement, available)
-    plans = [make_plan("colocate", cores)]
+    plans = [make_plan("shared", cores), make_plan("colocate", cores)]
     plans += [make_plan("partial", cores, r, len(cores) - r) for r in range(1, len(cores))]
     return plans
 

@@ -81,6 +81,7 @@ class Placement:
                 profile=p.profile_steps,
                 every=p.reevaluate_every,
                 drift_threshold=p.drift_threshold,
+                profile_all=p.profile_all_modes,
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         self.predicted: float | None = None
@@ -145,7 +146,9 @@ class Placement:
         if not self._in_step:
             self._begin_step()
         plan = self.plan
-        if plan is None:  # shared
+        if plan is None or plan.mode == "shared":  # shared (auto may choose it too)
+            if plan is not None:
+                self._unpin(plan)
             self._phase_start()
             t0 = time.perf_counter()
             with timer("generate"):
@@ -163,6 +166,16 @@ class Placement:
             r = self._colocate(ctl, n, sampling, timer, plan)
         self._collect_end = time.perf_counter()
         return r
+
+    def _unpin(self, plan: CorePlan) -> None:
+        """Shared under auto: every process back on all the run's cores with the thread
+        counts of shared mode (trainer.threads, reward.judge.threads), the judge awake."""
+        res.pin_process(plan.cores)
+        res.set_threads(self.cfg.trainer.threads)
+        if self.judges is not None:
+            self.judges.wake()  # a no-op unless colocate dropped the weights
+            j = self.cfg.reward.judge
+            self._place_judge(plan.cores, j.threads * max(1, j.num_servers))
 
     def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
