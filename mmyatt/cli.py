@@ -169,7 +169,7 @@ def dispatch(args) -> int:
     if args.cmd == "demo":
         from mmyatt.run import train
 
-        config = Path(__file__).resolve().parent.parent / "configs" / "flow_grpo_genrm_tiny.yaml"
+        config = Path(__file__).resolve().parent.parent / "configs" / "flow_nft_genrm_tiny.yaml"
         return train(str(config), args.overrides, args.run_dir)
     raise AssertionError(args.cmd)
 

@@ -37,6 +37,11 @@ RECIPES = {
         "sampling.denoise_steps=3",
         "sampling.eval_denoise_steps=3",
     ],
+    "flow_nft_genrm_tiny.yaml": [  # the demo: NFT, the judge answering two questions
+        "data.synthetic_train_size=16",
+        "sampling.denoise_steps=3",
+        "sampling.eval_denoise_steps=3",
+    ],
     "vlm_grpo_image_tiny.yaml": [
         "data.synthetic_train_size=32",
         "sft.max_steps=2",
@@ -81,8 +86,10 @@ def run_recipe(tmp_path, recipe: str, steps: int = 1) -> tuple[Path, list[dict]]
 def test_recipe_runs_one_step(tmp_path, recipe):
     run, rows = run_recipe(tmp_path, recipe)
     assert "eval/reward/mean" in rows[0] and "eval/reward/mean" in rows[-1]
-    if recipe == "flow_grpo_genrm_tiny.yaml":  # the judged reward and its rule check
-        assert {"eval/reward/genrm", "eval/reward/prompt_alignment_rule"} <= set(rows[-1])
+    if "genrm" in recipe and recipe.startswith("flow_"):  # judged reward, rule, critic
+        want = {"genrm", "prompt_alignment_rule", "shape_critic"}
+        assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
+        assert rows[-1]["eval/reward/genrm_parse_failed"] == 0.0
     if recipe == "vlm_genrm_tiny.yaml":  # the judge, the independent check, the guards
         want = {"genrm", "describe_check", "describe_false_claims", "answer_words"}
         assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
