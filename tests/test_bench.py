@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mmyatt import bench, cli
-from mmyatt import faults_bench as fb
+from mmyatt.bench import fault_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,7 +65,7 @@ def test_text_grpo_has_the_one_controller_two_threads_arm():
 
 
 def test_checkpoint_bench_warms_both_arms_alike(tmp_path):
-    from mmyatt.checkpoint_bench import bench_checkpoint
+    from mmyatt.bench.checkpoint import bench_checkpoint
 
     out = bench_checkpoint(quick=True, root=tmp_path)
     assert out["reps"] >= 5 and out["warmup_saves_discarded"] == 1
@@ -77,7 +77,7 @@ def test_checkpoint_bench_warms_both_arms_alike(tmp_path):
 
 
 def test_data_sharding_quick_reports_measured_memory():
-    from mmyatt.data_bench import bench_data_sharding
+    from mmyatt.bench.data import bench_data_sharding
 
     out = bench_data_sharding(quick=True)
     ranks = out["controllers_p4"]["ranks"]
@@ -122,57 +122,59 @@ def _marks(tmp_path: Path, ranks=(0,)) -> Path:
 
 
 def test_kill_mid_step_is_seen_from_outside(tmp_path):
-    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2], [2]), _marks(tmp_path))
+    facts = fault_runs.fault_facts(_run_dir(tmp_path, [1, 2], [2]), _marks(tmp_path))
     assert facts["last_logged_step"] == 2 and facts["complete_checkpoints"] == [2]
-    assert fb.landed_mid_step(facts, 3)
+    assert fault_runs.landed_mid_step(facts, 3)
 
 
 def test_kill_after_the_step_finished_did_not_land(tmp_path):
     # the kill came late: step 3 is in metrics.jsonl
-    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2, 3], [2]), _marks(tmp_path))
-    assert not fb.landed_mid_step(facts, 3)
+    facts = fault_runs.fault_facts(_run_dir(tmp_path, [1, 2, 3], [2]), _marks(tmp_path))
+    assert not fault_runs.landed_mid_step(facts, 3)
 
 
 def test_kill_before_the_step_began_did_not_land(tmp_path):
     # no controller had started step 3's reward (no marker): the kill came early
     marks = tmp_path / "marks"
     marks.mkdir()
-    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2], [2]), marks)
-    assert not fb.landed_mid_step(facts, 3)
-    facts = fb.fault_facts(_run_dir(tmp_path / "b", [1], []), _marks(tmp_path / "b"))
-    assert not fb.landed_mid_step(facts, 3)
+    facts = fault_runs.fault_facts(_run_dir(tmp_path, [1, 2], [2]), marks)
+    assert not fault_runs.landed_mid_step(facts, 3)
+    facts = fault_runs.fault_facts(_run_dir(tmp_path / "b", [1], []), _marks(tmp_path / "b"))
+    assert not fault_runs.landed_mid_step(facts, 3)
 
 
 def test_kill_mid_save_needs_a_partial_checkpoint(tmp_path):
-    facts = fb.fault_facts(_run_dir(tmp_path, [1, 2, 3, 4], [2], partial=[4]))
-    assert facts["partial_checkpoints"] == [4] and fb.landed_mid_save(facts, 4)
+    facts = fault_runs.fault_facts(_run_dir(tmp_path, [1, 2, 3, 4], [2], partial=[4]))
+    assert facts["partial_checkpoints"] == [4] and fault_runs.landed_mid_save(facts, 4)
     # the save had finished: step 4 is complete, nothing partial
-    facts = fb.fault_facts(_run_dir(tmp_path / "b", [1, 2, 3, 4], [2, 4]))
-    assert not fb.landed_mid_save(facts, 4)
+    facts = fault_runs.fault_facts(_run_dir(tmp_path / "b", [1, 2, 3, 4], [2, 4]))
+    assert not fault_runs.landed_mid_save(facts, 4)
 
 
 def test_resume_is_read_from_the_rerun_log():
     line = "[resume] from /tmp/x/run/checkpoints/state/step_00000002: continuing at step 3\n"
-    assert fb.resume_facts("[config] ...\n" + line, 2) == {
+    assert fault_runs.resume_facts("[config] ...\n" + line, 2) == {
         "resume_lines": 1,
         "resumed_from_step": 2,
         "continued_at_step": 3,
         "resumed_from_checkpoint": True,
     }
-    assert not fb.resume_facts("[train] steps 1..6\n", 2)["resumed_from_checkpoint"]  # fresh
-    assert not fb.resume_facts(line.replace("00002", "00004"), 2)["resumed_from_checkpoint"]
-    assert not fb.resume_facts(line + line, 2)["resumed_from_checkpoint"]  # restarted twice
-    assert not fb.resume_facts(line, None)["resumed_from_checkpoint"]
+    assert not fault_runs.resume_facts("[train] steps 1..6\n", 2)[
+        "resumed_from_checkpoint"
+    ]  # fresh
+    assert not fault_runs.resume_facts(line.replace("00002", "00004"), 2)["resumed_from_checkpoint"]
+    assert not fault_runs.resume_facts(line + line, 2)["resumed_from_checkpoint"]  # restarted twice
+    assert not fault_runs.resume_facts(line, None)["resumed_from_checkpoint"]
 
 
 def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
-    (tmp_path / "faultreward_t.py").write_text(fb.REWARD)
+    (tmp_path / "faultreward_t.py").write_text(fault_runs.REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    env, _ = fb._arm(tmp_path / "marks_run", hold_s=0)
+    env, _ = fault_runs._arm(tmp_path / "marks_run", hold_s=0)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("FAULT_SAVE_DELAY_FROM_CALL", str(fb.STEP4_FIRST_CALL))
+    monkeypatch.setenv("FAULT_SAVE_DELAY_FROM_CALL", str(fault_runs.STEP4_FIRST_CALL))
     monkeypatch.setenv("FAULT_SAVE_DELAY_S", "30")
     monkeypatch.setenv("MMYATT_FAULT_SAVE_DELAY_S", "0")  # restored when the test ends
     marks = Path(env["FAULT_MARK_DIR"])
@@ -180,9 +182,9 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
     try:
         for _ in range(24):  # the step-0 eval, steps 1 and 2
             assert mod.reward("abc", {}) == 0.3
-        assert fb._markers(marks) == []
+        assert fault_runs._markers(marks) == []
         mod.reward("abc", {})  # call 25: step 3
-        (m,) = fb._markers(marks)
+        (m,) = fault_runs._markers(marks)
         assert m["rank"] == 1 and m["call"] == 25
         for _ in range(7):  # the rest of step 3: no checkpoint delay yet
             mod.reward("abc", {})
@@ -193,14 +195,16 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
         mod = importlib.reload(mod)
         for _ in range(32):
             mod.reward("abc", {})
-        assert len(fb._markers(marks)) == 1  # disarmed: no new marker
+        assert len(fault_runs._markers(marks)) == 1  # disarmed: no new marker
     finally:
         sys.modules.pop("faultreward_t", None)
 
 
 @pytest.mark.slow
 def test_quick_faults_bench_kill_lands_mid_step_and_resumes():
-    out = fb.bench_faults(quick=True)
+    from mmyatt.bench.faults import bench_faults
+
+    out = bench_faults(quick=True)
     (kill,) = [s for s in out["scenarios"] if s["fault"] == "kill_during_step"]
     assert kill["landed"] and kill["at_fault"]["last_logged_step"] == 2
     assert kill["resumed_from_step"] == 2 and kill["continued_at_step"] == 3

@@ -465,7 +465,7 @@ def test_background_error_is_raised_at_wait_and_next_save(tmp_path, monkeypatch)
 
 
 def test_quick_bench_reports_keys(tmp_path):
-    from mmyatt.checkpoint_bench import bench_checkpoint
+    from mmyatt.bench.checkpoint import bench_checkpoint
 
     out = bench_checkpoint(quick=True, root=tmp_path)
     for key in ("sync_save_s", "async_stall_s", "async_complete_s", "async_over_sync_stall"):

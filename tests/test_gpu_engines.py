@@ -113,7 +113,7 @@ def test_vllm_rollout_greedy_equals_hf_and_syncs_weights(model_dir):
 def test_bench_engines_reports_every_figure():
     """`mmyatt bench engines --quick` on the device: every arm that can run here runs,
     with rollout tokens/s, update seconds, peak memory (and MFU on CUDA)."""
-    from mmyatt.engines_bench import bench_engines
+    from mmyatt.bench.engines import bench_engines
 
     r = bench_engines(quick=True)
     assert {"hf_replica", "hf_fsdp2"} <= set(r["arms"]), r["skipped"]

@@ -20,7 +20,7 @@ import torch
 from mmyatt.metrics import read_metrics
 from mmyatt.step_profile import MODEL_KINDS
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 # every benchmark, in the order `mmyatt bench all` runs them; bench NAME writes
@@ -67,27 +67,27 @@ def run_bench(name: str, quick: bool = False) -> dict:
     if name == "text-grpo":
         return bench_text_grpo(quick)
     if name == "checkpoint":
-        from mmyatt.checkpoint_bench import bench_checkpoint
+        from mmyatt.bench.checkpoint import bench_checkpoint
 
         return bench_checkpoint(quick)
     if name == "genrm":
-        from mmyatt.genrm_bench import bench_genrm
+        from mmyatt.genrm_bench import bench_genrm  # not moved into this package yet
 
         return bench_genrm(quick)
     if name == "data-sharding":
-        from mmyatt.data_bench import bench_data_sharding
+        from mmyatt.bench.data import bench_data_sharding
 
         return bench_data_sharding(quick)
     if name == "flow-grpo":
-        from mmyatt.flow_bench import bench_flow_grpo
+        from mmyatt.bench.flow import bench_flow_grpo
 
         return bench_flow_grpo(quick)
-    if name == "engines":  # rollout and update engines (mmyatt/engines_bench.py)
-        from mmyatt.engines_bench import bench_engines
+    if name == "engines":  # rollout and update engines
+        from mmyatt.bench.engines import bench_engines
 
         return bench_engines(quick)
     if name == "faults":
-        from mmyatt.faults_bench import bench_faults
+        from mmyatt.bench.faults import bench_faults
 
         return bench_faults(quick)
     if name == "placement":
@@ -219,7 +219,3 @@ def _merge_profiles(ranks: list[dict]) -> dict:
         "model_compute_share": sum(share.get(k, 0.0) for k in MODEL_KINDS),
         "model_compute_share_per_controller": [s["model_compute_share"] for s in sums],
     }
-
-
-if __name__ == "__main__":
-    print(json.dumps(run_bench(sys.argv[1]), indent=2))
