@@ -101,6 +101,7 @@ class TextJudge:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in params
+        self._token_strs: dict[int, str] = {}  # id -> string; top-k lists repeat ids
 
     @classmethod
     def load(cls, path: str | Path, *, device: str = "cpu", dtype=None) -> TextJudge:
@@ -141,11 +142,10 @@ class TextJudge:
                 )
         width = max(len(s) for s in seqs)
         device = next(self.model.parameters()).device
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):  # left padding: the last column is every row's last token
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            attn[i, width - len(s) :] = 1
+        # left padding: the last column is every row's last token
+        pads = [width - len(s) for s in seqs]
+        ids = torch.tensor([[self.pad_id] * p + s for p, s in zip(pads, seqs)], dtype=torch.long)
+        attn = torch.tensor([[0] * p + [1] * (width - p) for p in pads], dtype=torch.long)
         return ids.to(device), attn.to(device)
 
     def _forward(self, ids, attn, positions, cache=None):
@@ -173,7 +173,11 @@ class TextJudge:
             return DynamicCache()
 
     def _token_str(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+        text = self._token_strs.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+            self._token_strs[token_id] = text
+        return text
 
     # --- JudgeModel -----------------------------------------------------------------
     def next_token_logprobs(
