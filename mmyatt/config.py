@@ -259,6 +259,7 @@ class PlacementConfig:
     judge_cores: int = 0  # partial: cores the judge holds meanwhile (0: the rest)
     stream_groups: int = 1  # partial: prompt groups per chunk streamed to the judge
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
+    judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
     # auto: run colocate and partial during profiling, instead of starting in one (partial
     # with a judge, else shared) and predicting the others from its measured roles

@@ -151,6 +151,8 @@ def test_config_checks():
         load_config(None, ["rollout.over_dispatch_ratio=1.5", "model.kind=flow"])
     with pytest.raises(ConfigError, match="max_carries must be >= 0"):
         load_config(None, ["rollout.max_carries=-1"])
+    with pytest.raises(ConfigError, match="issue 14: balancing VLM steps"):
+        load_config(None, ["placement.balance=true", "model.kind=vlm"])
 
 
 def test_text_decode_stops_when_the_batch_is_complete(tmp_path):

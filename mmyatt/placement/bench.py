@@ -62,6 +62,9 @@ def _base(policy: Path, steps: int) -> list[str]:
         "distributed.nproc=2",
         "placement.profile_steps=1",
         "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
+        # colocate's judge phase on 1 thread: on this 2-core machine, shared with other
+        # jobs, a 2-thread judge measured ~11x slower (23 s vs 2.1 s judge time per step)
+        "placement.judge_threads=1",
     ]
 
 
@@ -159,71 +162,166 @@ def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int
     return out
 
 
-def bench_placement(quick: bool = False, progress: str | Path | None = None) -> dict:
-    """All arms; with ``progress``, what is measured so far is written there after each
-    arm (a run cut short keeps its figures)."""
+WORKLOADS = ("judge_heavy", "rollout_heavy", "drifting", "balance")
+
+
+def _balance_arms(tmp: Path, base: list[str], steps: int) -> dict:
+    """Balanced controllers on a skewed step: rank 0 draws the long prompts (20-40
+    terms), rank 1 the short ones (1-2 terms); placement.balance off, then on."""
+    import random
+
+    from mmyatt.datasets.synthetic import write_jsonl
+
+    rng = random.Random(0)
+    recs = []
+    for i in range(400):
+        n = rng.randint(20, 40) if i % 2 == 0 else rng.randint(1, 2)
+        recs.append({"prompt": "+".join(["1"] * n) + "=", "answer": str(n)})
+    data = tmp / "skewed.jsonl"
+    write_jsonl(data, recs)
+    skew = [f"data.train={data}", f"data.eval={data}", "data.shuffle=false"]
+    skew += ["model.max_prompt_tokens=128", *RULE, "placement.mode=shared"]
+    out = {}
+    for on in (False, True):
+        rd = tmp / f"balance_{on}"
+        t0 = time.perf_counter()
+        _train(rd, base + skew + [f"placement.balance={str(on).lower()}"])
+        rows = _rows(rd, first=2)
+        out["on" if on else "off"] = {
+            "steps_measured": len(rows),
+            "step_s": _mean([r.get("timing/step_s") for r in rows]),
+            "train_s": _mean([r.get("placement/train_s") for r in rows]),
+            "train_s_max_over_mean": _mean(
+                [r.get("placement/train_s_max_over_mean") for r in rows]
+            ),
+            "work_max_over_mean_before": _mean([r.get("placement/balance_before") for r in rows]),
+            "work_max_over_mean_after": _mean([r.get("placement/balance_after") for r in rows]),
+            "samples_moved_per_step": _mean([r.get("placement/balance_moved") for r in rows]),
+            "wall_s": time.perf_counter() - t0,
+        }
+    return out
+
+
+def bench_placement(
+    quick: bool = False,
+    progress: str | Path | None = None,
+    *,
+    workloads: tuple[str, ...] = WORKLOADS,
+    rounds: int | None = None,
+    steps: int | None = None,
+    previous: dict | None = None,
+) -> dict:
+    """The arms of ``workloads``, ``rounds`` times each, the modes in a rotated order per
+    round (the machine's load moves over minutes; every mode sees every position); a
+    mode's figure is the mean over its rounds. ``previous``: a JSON of an earlier
+    invocation whose other workloads are kept (each workload can be run on its own).
+    With ``progress``, what is measured so far is written there after each arm."""
     from mmyatt.bench import _machine
     from mmyatt.models.tiny import build_tiny_text_model
 
-    steps = 3 if quick else 7
+    steps = steps or (3 if quick else 9)
+    rounds = rounds or (1 if quick else 2)
     seg = 3 if quick else 5
-    out: dict = {
-        "benchmark": "placement",
-        "machine": _machine(),
-        "cores": sorted(os.sched_getaffinity(0)),
-        "controllers": 2,
-        "steps_per_run": steps,
-        "warmup_steps_excluded": 1,
-        "judge_tokens_per_sample": JUDGE_TOKENS,
-        "stream_groups": 2,  # = placement.stream_groups in _base
-        "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
-        "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
-    }
+    out: dict = dict(previous or {})
+    out.update(
+        {
+            "benchmark": "placement",
+            "machine": _machine(),
+            "cores": sorted(os.sched_getaffinity(0)),
+            "controllers": 2,
+            "warmup_steps_excluded": 1,
+            "judge_tokens_per_sample": JUDGE_TOKENS,
+            "stream_groups": 2,  # = placement.stream_groups in _base
+            "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
+            "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
         tmp = Path(tmp_s)
         policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
         judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
         base = _base(policy, steps)
-        for wl, extra in (("judge_heavy", _judge(judge)), ("rollout_heavy", RULE)):
-            arms = {}
-            for mode in MODES:
-                arms[mode] = _arm(
-                    tmp, f"{wl}_{mode}", base + extra + [f"placement.mode={mode}"], steps
-                )
-                print(
-                    f"[bench] placement {wl} {mode}: {arms[mode]['step_s']:.3f} s/step", flush=True
-                )
-                out[wl] = arms
+        for wl in workloads:
+            if wl == "balance":
+                out["balance_run"] = _balance_arms(tmp, base, steps)
+                print(f"[bench] placement balance: {out['balance_run']}", flush=True)
                 _save(out, progress)
-        drift = {}
-        for mode in MODES:
-            drift[mode] = _drift_arm(
-                tmp, f"drift_{mode}", base + [f"placement.mode={mode}"], _judge(judge), seg
-            )
-            print(f"[bench] placement drifting {mode}: {drift[mode]['total_s']:.2f} s", flush=True)
-            out["drifting"] = drift
-            _save(out, progress)
+                continue
+            per_round: dict[str, list] = {m: [] for m in MODES}
+            t0 = time.perf_counter()
+            for k in range(rounds):
+                for mode in MODES[k % len(MODES) :] + MODES[: k % len(MODES)]:
+                    name = f"{wl}_{mode}_r{k}"
+                    arm_base = base + [f"placement.mode={mode}"]
+                    if wl == "drifting":
+                        arm = _drift_arm(tmp, name, arm_base, _judge(judge), seg)
+                        fig = f"{arm['total_s']:.2f} s"
+                    else:
+                        extra = _judge(judge) if wl == "judge_heavy" else RULE
+                        arm = _arm(tmp, name, arm_base + extra, steps)
+                        fig = f"{arm['step_s']:.3f} s/step"
+                    per_round[mode].append(arm)
+                    print(f"[bench] placement {wl} round {k + 1} {mode}: {fig}", flush=True)
+                    out[wl] = _combine(per_round, wl)
+                    out[wl]["rounds"] = k + 1
+                    out[wl]["steps_per_run"] = steps if wl != "drifting" else 2 * seg
+                    out[wl]["wall_s"] = time.perf_counter() - t0
+                    _save(out, progress)
+    _derive(out)
+    out["balance"] = balance_report()
+    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def _combine(per_round: dict[str, list], wl: str) -> dict:
+    """Each mode's arms: the last round's details, with the step figure, the phase
+    times and the idle fractions averaged over rounds."""
+    key = "total_s" if wl == "drifting" else "step_s"
+    out = {}
+    for mode, arms in per_round.items():
+        if not arms:
+            continue
+        vals = [a[key] for a in arms]
+        out[mode] = {**arms[-1], key: statistics.fmean(vals), f"{key}_per_round": vals}
+        for group in ("phase_s", "idle_frac"):
+            if group in arms[-1]:
+                out[mode][group] = {
+                    k: _mean([a[group].get(k) for a in arms]) for k in arms[-1][group]
+                }
+        out[mode]["modes_run_per_round"] = [
+            a.get("modes_run") or a.get("segment_judge", {}).get("modes_run") for a in arms
+        ]
+    return out
+
+
+def _mean(vals: list) -> float | None:
+    vals = [v for v in vals if isinstance(v, int | float)]
+    return statistics.fmean(vals) if vals else None
+
+
+def _derive(out: dict) -> None:
+    """The acceptance ratios from whatever workloads the JSON holds."""
     fixed = ("shared", "colocate", "partial")
     for wl in ("judge_heavy", "rollout_heavy"):
+        if not all(m in out.get(wl, {}) for m in MODES):
+            continue
         s = {m: out[wl][m]["step_s"] for m in MODES}
         best = min(fixed, key=lambda m: s[m])
         out[f"best_fixed_{wl}"] = best
         out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
         out[f"auto_choice_{wl}"] = out[wl]["auto"]["modes_run"][-1]
+        out[f"auto_picked_best_fixed_{wl}"] = out[f"auto_choice_{wl}"] == best
         placed = min(("colocate", "partial"), key=lambda m: s[m])
         out[f"auto_picked_faster_placement_{wl}"] = out[f"auto_choice_{wl}"] == placed
         out[f"peak_rss_mb_{wl}"] = {m: out[wl][m]["peak_rss_mb"] for m in MODES}
         out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
-    out["partial_over_colocate_judge_heavy"] = (
-        out["judge_heavy"]["partial"]["step_s"] / out["judge_heavy"]["colocate"]["step_s"]
-    )
-    t = {m: out["drifting"][m]["total_s"] for m in MODES}
-    best = min(fixed, key=lambda m: t[m])
-    out["best_fixed_drifting"] = best
-    out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
-    out["balance"] = balance_report()
-    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    return out
+        if wl == "judge_heavy":
+            out["partial_over_colocate_judge_heavy"] = s["partial"] / s["colocate"]
+    if all(m in out.get("drifting", {}) for m in MODES):
+        t = {m: out["drifting"][m]["total_s"] for m in MODES}
+        best = min(fixed, key=lambda m: t[m])
+        out["best_fixed_drifting"] = best
+        out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
 
 
 def _save(out: dict, progress) -> None:
@@ -258,3 +356,32 @@ def balance_report(P: int = 4, per: int = 32) -> dict:
             "max_over_mean_after": imbalance(costs, after),
         }
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mmyatt.placement.bench --workload judge_heavy --out bench/placement.json``:
+    one workload (or several) at a time, merged into the JSON at ``--out``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mmyatt.placement.bench")
+    ap.add_argument("--workload", action="append", choices=WORKLOADS)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    path = Path(args.out)
+    previous = json.loads(path.read_text()) if path.exists() else None
+    out = bench_placement(
+        workloads=tuple(args.workload or WORKLOADS),
+        rounds=args.rounds,
+        steps=args.steps,
+        previous=previous,
+        progress=str(path) + ".partial",
+    )
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    Path(str(path) + ".partial").unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -133,6 +133,7 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         ("stream_groups", p.stream_groups, 1),
         ("profile_steps", p.profile_steps, 1),
         ("reevaluate_every", p.reevaluate_every, 1),
+        ("judge_threads", p.judge_threads, 0),
     ):
         if value < low:
             raise _error(f"placement.{key} must be >= {low}, got {value}")
@@ -182,6 +183,12 @@ def check_over_dispatch(cfg: RunConfig) -> None:
         raise ConfigError(f"rollout.over_dispatch_ratio must be >= 1, got {ro.over_dispatch_ratio}")
     if ro.max_carries < 0:
         raise ConfigError(f"rollout.max_carries must be >= 0, got {ro.max_carries}")
+    if cfg.placement.balance and cfg.model.kind == "vlm":
+        raise ConfigError(
+            "placement.balance moves only token and latent tensors between controllers, and a "
+            "VLM rollout's context holds media; issue 14: balancing VLM steps is not "
+            "implemented (use model.kind text or flow, or placement.balance=false)"
+        )
     if ro.over_dispatch_ratio > 1 and (cfg.model.kind != "text" or ro.backend != "hf"):
         raise ConfigError(
             f"rollout.over_dispatch_ratio={ro.over_dispatch_ratio} stops decoding once the "

@@ -192,7 +192,7 @@ class Placement:
         self._phase_end("generate")
         self._phase_start()
         if self.judges is not None:
-            self._place_judge(plan.judge, len(plan.judge))
+            self._place_judge(plan.judge, self.cfg.placement.judge_threads or len(plan.judge))
             if self.cfg.placement.release_judge:
                 with timer("judge_reload"):
                     self.judges.wake()
@@ -323,6 +323,7 @@ class Placement:
                 ("collect", self._collect_end - self._t0),
             )
         }
+        trains = _gather(self.dist, train_s)  # per rank: how even the training work was
         cores = len(run_cores(self.cfg.placement)) if self.mode != "shared" else os.cpu_count()
         step = mx["step"]
         plan = self.plan
@@ -333,6 +334,7 @@ class Placement:
             "placement/actual_step_s": step,
             "placement/gen_s": mx["gen"],
             "placement/train_s": mx["train"],
+            "placement/train_s_max_over_mean": max(trains) / max(sum(trains) / W, 1e-9),
             "placement/judge_busy_s": total["judge_busy_s"],
             "placement/judge_reload_s": total["reload_s"],
             "placement/idle_frac_rollout": 1.0 - total["gen_s"] / W / step,
