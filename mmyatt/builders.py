@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -76,6 +77,52 @@ def _load_policy(m: ModelConfig, device: str | None = None):
             kw["lora"] = lora
         return FlowPolicy.load(m.path, **kw).to(device)
     raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
+
+
+def build_nft(cfg: RunConfig, policy):
+    """DiffusionNFT's sampling policy and loss (models/flow_nft.py) over ``policy`` when
+    ``algorithm.name`` is diffusion_nft, else None."""
+    if cfg.algorithm.name != "diffusion_nft":
+        return None
+    from mmyatt.models.flow_nft import FlowNFT, NFTSettings
+
+    n = cfg.algorithm.nft
+    settings = NFTSettings(**{k: getattr(n, k) for k in NFTSettings.__dataclass_fields__})
+    return FlowNFT(policy, settings, seed=cfg.trainer.seed)
+
+
+def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
+    """The tiny built-in text or VLM model of a run without ``model.path``, its tokenizer
+    trained on the run's training prompts, written to ``out`` (kept if already there)."""
+    if (out / "config.json").exists():
+        return out
+    if cfg.model.kind == "flow":
+        raise ValueError("model.path is required for flow models (e.g. builtin:tiny_t2i)")
+    from mmyatt.datasets.manifest import ShardedManifest
+
+    manifest = ShardedManifest(manifest_paths(cfg.data.train), shuffle=False)
+    recs = manifest.eval_records(5000)
+    t0 = time.perf_counter()
+    if cfg.model.kind == "vlm":
+        from mmyatt.models.tiny_vlm import build_tiny_vlm
+
+        corpus = [f"{r['prompt']} {r.get('answer', '')}" for r in recs]
+        path = build_tiny_vlm(
+            out,
+            arch=cfg.model.vlm_arch,
+            size=cfg.model.tiny_size,
+            corpus=corpus,
+            seed=cfg.trainer.seed,
+        )
+    else:
+        from mmyatt.models.tiny import build_tiny_text_model
+
+        corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
+        path = build_tiny_text_model(
+            out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
+        )
+    log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
+    return Path(path)
 
 
 def build_reward(r: RewardConfig):

@@ -97,13 +97,10 @@ class Controller:
         if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
             require(policy, LatentOutputs, "rewards that read latents (flow models only)")
             policy.decode_outputs = False
-        self.nft = None  # DiffusionNFT's sampling policy and loss (models/flow_nft.py)
-        if cfg.algorithm.name == "diffusion_nft":
-            from mmyatt.models.flow_nft import FlowNFT, NFTSettings
+        from mmyatt.builders import build_nft
 
-            n = cfg.algorithm.nft
-            settings = NFTSettings(**{k: getattr(n, k) for k in NFTSettings.__dataclass_fields__})
-            self.nft = FlowNFT(policy, settings, seed=cfg.trainer.seed)
+        # DiffusionNFT's sampling policy and loss (models/flow_nft.py), else None
+        self.nft = build_nft(cfg, policy)
 
     @property
     def _closed_form_kl(self) -> bool:

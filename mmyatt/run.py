@@ -46,7 +46,9 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
     model = dataclasses.replace(cfg.model, path=builders.resolve_builtin(cfg.model.path))
     cfg = dataclasses.replace(cfg, model=model)
     if model.path is None:
-        model = dataclasses.replace(model, path=str(build_tiny(cfg, run_dir / "base_model", log)))
+        model = dataclasses.replace(
+            model, path=str(builders.build_tiny(cfg, run_dir / "base_model", log))
+        )
         cfg = dataclasses.replace(cfg, model=model)
     if cfg.sft.enabled:
         from mmyatt.sft import run_sft
@@ -58,38 +60,6 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
             run_sft(cfg, out, log=log)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))
     return cfg
-
-
-def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
-    if (out / "config.json").exists():
-        return out
-    if cfg.model.kind == "flow":
-        raise ValueError("model.path is required for flow models (e.g. builtin:tiny_t2i)")
-    from mmyatt.datasets.manifest import ShardedManifest
-
-    manifest = ShardedManifest(builders.manifest_paths(cfg.data.train), shuffle=False)
-    recs = manifest.eval_records(5000)
-    t0 = time.perf_counter()
-    if cfg.model.kind == "vlm":
-        from mmyatt.models.tiny_vlm import build_tiny_vlm
-
-        corpus = [f"{r['prompt']} {r.get('answer', '')}" for r in recs]
-        path = build_tiny_vlm(
-            out,
-            arch=cfg.model.vlm_arch,
-            size=cfg.model.tiny_size,
-            corpus=corpus,
-            seed=cfg.trainer.seed,
-        )
-    else:
-        from mmyatt.models.tiny import build_tiny_text_model
-
-        corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
-        path = build_tiny_text_model(
-            out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
-        )
-    log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
-    return Path(path)
 
 
 def train(config: str | None, overrides: list[str], run_dir: str | None = None) -> int:
