@@ -127,6 +127,8 @@ def train_shape_judge(
     batch_size: int = 32,
     factored_fraction: float = 0.5,
     named_fraction: float = 0.0,
+    augment: float = 0.0,
+    select: str = "yes_no",
     sizes: tuple[int, ...] = (32, 56),
     stage_target: float = 0.95,
     max_stage_steps: int = 1500,
@@ -136,8 +138,13 @@ def train_shape_judge(
 ) -> dict[str, Any]:
     """Train and save the judge; return {"best": ..., "test": ..., "history": ...}.
 
-    Selection: the judge-stage checkpoint with the best mean of judge accuracy on the
-    trained combinations and on the validation held-out combinations."""
+    ``augment``: that share of training images gets a random blur, a brightness change
+    and Gaussian pixel noise (``shape_critic``'s augmentation), as generated images have.
+
+    Selection (``select``): the judge-stage checkpoint with the best mean of Yes/No
+    accuracy on the trained combinations and on the validation held-out combinations
+    (``yes_no``), or with the best mean colour and shape accuracy on both, Yes/No
+    breaking ties (``questions``, what GenRM's vqa mode reads)."""
     import torch
 
     from mmyatt.datasets.shapes import HELDOUT
@@ -177,6 +184,14 @@ def train_shape_judge(
             exclude=ex,
             sizes=sizes,
         )
+        if augment:  # soft edges and noise, as a generator's samples have
+            from mmyatt.models.shape_critic import _augment
+
+            rng = np.random.default_rng([seed, step, 17])
+            batch = [
+                {**r, "image": _augment(r["image"], rng)} if rng.random() < augment else r
+                for r in batch
+            ]
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -201,7 +216,12 @@ def train_shape_judge(
         history.append(m)
         say(json.dumps(m))
         if name == "judge":
-            m["select"] = (m["seen/judge_accuracy"] + m["val_heldout/judge_accuracy"]) / 2
+            yes_no = (m["seen/judge_accuracy"] + m["val_heldout/judge_accuracy"]) / 2
+            if select == "questions":  # what GenRM's vqa mode reads; Yes/No breaks ties
+                keys = ("seen/colour", "seen/shape", "val_heldout/colour", "val_heldout/shape")
+                m["select"] = sum(m[k] for k in keys) / 4 + 0.01 * yes_no
+            else:
+                m["select"] = yes_no
             if m["select"] > best["select"]:
                 best = m
                 policy.save(str(work))
@@ -235,7 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--factored-fraction", type=float, default=0.5)
     ap.add_argument("--named-fraction", type=float, default=0.0)
+    ap.add_argument(
+        "--augment", type=float, default=0.0, help="share of training images blurred and noised"
+    )
     ap.add_argument("--judge-steps", type=int, default=3000)
+    ap.add_argument("--select", choices=("yes_no", "questions"), default="yes_no")
     a = ap.parse_args(argv)
     import torch
 
@@ -246,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         seed=a.seed,
         factored_fraction=a.factored_fraction,
         named_fraction=a.named_fraction,
+        augment=a.augment,
+        select=a.select,
         judge_steps=a.judge_steps,
     )
     Path(a.out, "training.json").write_text(
