@@ -11,7 +11,9 @@ use the same model directory and the same prompt file. Arms, each on the machine
 * ``mmyatt_2x1``: ``mmyatt train`` with 2 controllers x 1 thread.
 
 The arms run one after another, ``--rounds`` times in turn, so drift of a shared machine
-hits each of them; every arm drops its first (warm-up) step. samples/s = completions
+hits each of them; every arm drops its first (warm-up) step, and ``--warmup-rounds``
+whole rounds of every arm run first and are reported apart (``warmup_rounds``), not in
+the ratios (the first process of each kind pays for cold file caches). samples/s = completions
 trained per second of step time (generation + reward + update). Ratios are mmyatt's
 samples/s over TRL's, per round (adjacent runs) and over all rounds.
 
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "trl" / "side_by_side.json"))
     ap.add_argument("--steps", type=int, default=8, help="steps per arm (the first is dropped)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup-rounds", type=int, default=0)
     ap.add_argument("--trl-python", default="/tmp/mmyatt-trl-venv/bin/python")
     a = ap.parse_args()
     if not Path(a.trl_python).exists():
@@ -105,11 +108,12 @@ def main() -> None:
         "steps_per_arm": a.steps,
         "warmup_steps_excluded": 1,
         "rounds": [],
+        "warmup_rounds": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model, prompts = prepare(tmp)
-        for i in range(a.rounds):
+        for i in range(a.warmup_rounds + a.rounds):
             rnd = {
                 "trl_2threads": run_trl(a.trl_python, model, prompts, a.steps, tmp / f"trl{i}.json")
             }
@@ -119,7 +123,7 @@ def main() -> None:
                 rnd[f"ratio_{label}_over_trl"] = (
                     rnd[label]["samples_per_s"] / rnd["trl_2threads"]["samples_per_s"]
                 )
-            out["rounds"].append(rnd)
+            out["warmup_rounds" if i < a.warmup_rounds else "rounds"].append(rnd)
             print(json.dumps({k: v for k, v in rnd.items() if k.startswith("ratio")}), flush=True)
     out["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     arms = ["trl_2threads", *(label for label, _, _ in MMYATT_ARMS)]
