@@ -162,7 +162,39 @@ def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int
     return out
 
 
-WORKLOADS = ("judge_heavy", "rollout_heavy", "drifting", "balance")
+WORKLOADS = ("judge_heavy", "rollout_heavy", "drifting", "balance", "over_dispatch")
+
+
+def _dispatch_arms(tmp: Path, base: list[str], steps: int, rounds: int) -> dict:
+    """Long-tail over-dispatch on the heavy-tailed rule workload (shared mode):
+    rollout.over_dispatch_ratio 1 (every prompt drawn is trained on) against 1.5,
+    alternating, ``rounds`` times each."""
+    runs: dict[str, list] = {"1.0": [], "1.5": []}
+    for k in range(rounds):
+        for r in ("1.0", "1.5") if k % 2 == 0 else ("1.5", "1.0"):
+            rd = tmp / f"dispatch_{r}_r{k}"
+            _train(rd, base + [*RULE, "placement.mode=shared", f"rollout.over_dispatch_ratio={r}"])
+            rows = _rows(rd, first=2)
+            runs[r].append(
+                {
+                    k2: _mean([row.get(k1) for row in rows])
+                    for k1, k2 in (
+                        ("timing/step_s", "step_s"),
+                        ("timing/generate_s", "generate_s"),
+                        ("response_length/mean", "response_length_mean"),
+                        ("response_length/truncated_frac", "truncated_frac"),
+                        ("rollout/cut_short_prompts", "cut_short_prompts"),
+                        ("rollout/carried_prompts", "carried_prompts"),
+                    )
+                }
+            )
+    out = {}
+    for r, arms in runs.items():
+        out[r] = {k: _mean([a[k] for a in arms]) for k in arms[0]}
+        out[r]["step_s_per_round"] = [a["step_s"] for a in arms]
+    out["generate_ratio"] = out["1.5"]["generate_s"] / out["1.0"]["generate_s"]
+    out["step_ratio"] = out["1.5"]["step_s"] / out["1.0"]["step_s"]
+    return out
 
 
 def _balance_arms(tmp: Path, base: list[str], steps: int) -> dict:
@@ -191,9 +223,6 @@ def _balance_arms(tmp: Path, base: list[str], steps: int) -> dict:
             "steps_measured": len(rows),
             "step_s": _mean([r.get("timing/step_s") for r in rows]),
             "train_s": _mean([r.get("placement/train_s") for r in rows]),
-            "train_s_max_over_mean": _mean(
-                [r.get("placement/train_s_max_over_mean") for r in rows]
-            ),
             "work_max_over_mean_before": _mean([r.get("placement/balance_before") for r in rows]),
             "work_max_over_mean_after": _mean([r.get("placement/balance_after") for r in rows]),
             "samples_moved_per_step": _mean([r.get("placement/balance_moved") for r in rows]),
@@ -242,6 +271,11 @@ def bench_placement(
         judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
         base = _base(policy, steps)
         for wl in workloads:
+            if wl == "over_dispatch":
+                out["over_dispatch_run"] = _dispatch_arms(tmp, base, steps, rounds)
+                print(f"[bench] placement over-dispatch: {out['over_dispatch_run']}", flush=True)
+                _save(out, progress)
+                continue
             if wl == "balance":
                 out["balance_run"] = _balance_arms(tmp, base, steps)
                 print(f"[bench] placement balance: {out['balance_run']}", flush=True)

@@ -323,7 +323,6 @@ class Placement:
                 ("collect", self._collect_end - self._t0),
             )
         }
-        trains = _gather(self.dist, train_s)  # per rank: how even the training work was
         cores = len(run_cores(self.cfg.placement)) if self.mode != "shared" else os.cpu_count()
         step = mx["step"]
         plan = self.plan
@@ -334,7 +333,6 @@ class Placement:
             "placement/actual_step_s": step,
             "placement/gen_s": mx["gen"],
             "placement/train_s": mx["train"],
-            "placement/train_s_max_over_mean": max(trains) / max(sum(trains) / W, 1e-9),
             "placement/judge_busy_s": total["judge_busy_s"],
             "placement/judge_reload_s": total["reload_s"],
             "placement/idle_frac_rollout": 1.0 - total["gen_s"] / W / step,
