@@ -118,8 +118,14 @@ def _rows(run: Path) -> dict[int, dict]:
     }
 
 
+EXTRA = {  # shared mode with over-dispatch (carried prompts in the checkpoint), balancing
+    "over_dispatch": ["placement.mode=shared", "rollout.over_dispatch_ratio=1.5"],
+    "balance": ["placement.mode=shared", "placement.balance=true"],
+}
+
+
 @pytest.mark.slow  # three CLI runs of 2 controllers per mode
-@pytest.mark.parametrize("mode", ["partial", "colocate", "auto"])
+@pytest.mark.parametrize("mode", ["partial", "colocate", "auto", *EXTRA])
 def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
     from safetensors.torch import load_file
     from test_cli import ROOT, TINY, mmyatt
@@ -131,7 +137,7 @@ def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
         *TINY,
         "distributed.nproc=2",
         "checkpoint.save_every=2",
-        f"placement.mode={mode}",
+        *EXTRA.get(mode, [f"placement.mode={mode}"]),
         "placement.profile_steps=1",
     ]
     full, parts = tmp_path / "full", tmp_path / "parts"
@@ -143,5 +149,11 @@ def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
     wa, wb = load_file(str(full / final)), load_file(str(parts / final))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert _rows(full) == _rows(parts) and sorted(_rows(parts)) == [1, 2, 3, 4]
-    modes = {json.loads(x).get("placement/mode") for x in (full / "metrics.jsonl").open()}
-    assert modes - {None} == {"shared" if mode == "auto" else mode}  # no judge: starts shared
+    rows = [json.loads(x) for x in (full / "metrics.jsonl").open()]
+    modes = {r.get("placement/mode") for r in rows}
+    expect = "shared" if mode in ("auto", *EXTRA) else mode  # auto without a judge: shared
+    assert modes - {None} == {expect}
+    if mode == "over_dispatch":
+        assert any(r.get("rollout/carried_prompts", 0) > 0 for r in rows)
+    if mode == "balance":
+        assert any(r.get("placement/balance_moved", 0) > 0 for r in rows)
