@@ -182,3 +182,33 @@ def test_text_decode_stops_when_the_batch_is_complete(tmp_path):
         rows = slice(2 * g, 2 * g + 2)
         assert cut.outputs[rows] == full.outputs[rows]
         torch.testing.assert_close(cut.logprobs[rows], full.logprobs[rows])
+
+
+@pytest.fixture
+def restore_affinity():
+    import os
+
+    from mmyatt.placement import resources as res
+
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    yield
+    res.pin_process(cores)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="partial: 2 cores")
+def test_partial_mode_over_dispatches_per_streamed_chunk(tmp_path, restore_affinity):
+    ctl = controller(tmp_path, ["placement.mode=partial", "placement.stream_groups=1"])
+    trained = []
+    for _ in range(3):
+        ctl.step()
+        trained.append(ctl.consumed)
+    # chunks of 1 group, 2 prompts each (ceil 1.5); leftovers carried at the step's end
+    # step 1: [0 1] (5, 9): 0, 1 cut; [2 3] (3, 2): 3, 2 cut -> carried 1 2 (once each)
+    # step 2: [1 2] (9, 3): 2, 1 cut (twice); [4 5] (8, 4): 5, 4 cut -> carried 1 4
+    # step 3: [1 4]: 1 must finish, both done at 9: 1 (4 left over); [6 7] (1, 9): 6, 7 cut
+    assert trained == [[0, 3], [2, 5], [1, 6]]
+    assert [(r["_index"], r["_carries"]) for r in ctl.placement.dispatch.carried] == [
+        (4, 1),
+        (7, 1),
+    ]
