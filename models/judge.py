@@ -206,47 +206,43 @@ class TextJudge:
     ) -> list[tuple[str, list[float]]]:
         import torch
 
+        from mmyatt.models import decode  # the decode loop of the text and VLM adapters
+
         if len(seeds) != len(messages_batch):
             raise ValueError(f"{len(messages_batch)} conversations but {len(seeds)} seeds")
-        n = len(messages_batch)
         with torch.no_grad():
-            ids, attn = self._batch(messages_batch, extra=max_new_tokens)
+            ids, prompt_mask = self._batch(messages_batch, extra=max_new_tokens)
             device = ids.device
-            generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-            eos = self.eos_ids.to(device)
-            positions = (attn.cumsum(-1) - 1).clamp(min=0)
-            next_pos = attn.sum(-1, keepdim=True)
+            positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+            next_pos = prompt_mask.sum(-1, keepdim=True)
             cache = self._new_cache()
-            logits = self._forward(ids, attn, positions, cache=cache)
-            tokens: list[list[int]] = [[] for _ in range(n)]
-            lps: list[list[float]] = [[] for _ in range(n)]
-            done = [False] * n
-            for t in range(max_new_tokens):
-                if temperature > 0:
-                    scaled = (logits / temperature).log_softmax(-1)
-                    token = torch.stack(
-                        [
-                            torch.multinomial(scaled[i].exp(), 1, generator=generators[i])[0]
-                            for i in range(n)
-                        ]
-                    )
-                else:
-                    scaled = logits.log_softmax(-1)
-                    token = scaled.argmax(-1)
-                chosen = scaled.gather(-1, token[:, None]).squeeze(-1).tolist()
-                is_eos = torch.isin(token, eos).tolist()
-                for i in range(n):
-                    if done[i]:
-                        continue
-                    lps[i].append(float(chosen[i]))
-                    if is_eos[i]:
-                        done[i] = True
-                    else:
-                        tokens[i].append(int(token[i]))
-                if all(done) or t == max_new_tokens - 1:
-                    break
-                attn = torch.cat([attn, attn.new_ones(n, 1)], 1)
-                logits = self._forward(token[:, None], attn, next_pos + t, cache=cache)
+            attn = decode.attention_buffer(prompt_mask, max_new_tokens)
+            width = ids.shape[1]
+
+            def forward_next(token, t: int):
+                cols = attn[:, : width + t + 1]
+                return self._forward(token[:, None], cols, next_pos + t, cache=cache)
+
+            res = decode.decode(
+                self._forward(ids, prompt_mask, positions, cache=cache),
+                forward_next,
+                group=1,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature if temperature > 0 else 1.0,
+                greedy=temperature <= 0,
+                top_p=1.0,
+                banned=torch.zeros(0, dtype=torch.long),
+                generators=[torch.Generator(device=device).manual_seed(int(s)) for s in seeds],
+                eos=self.eos_ids,
+                pad_id=self.pad_id,
+            )
+        lengths = res.mask.sum(-1).long().tolist()
+        # the log-prob of an end-of-sequence token is reported, the token is not written
+        tokens = [
+            row[: n - int(stop)]
+            for row, n, stop in zip(res.actions.tolist(), lengths, res.stopped.tolist())
+        ]
+        lps = [row[:n] for row, n in zip(res.logprobs.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         return list(zip(texts, lps))
 
