@@ -304,7 +304,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     """Who generates the rollouts: the policy adapter (hf) or an in-process vLLM engine
-    (pip install 'mmyatt[vllm]'; text policies, VLM prompts not yet: issue 17)."""
+    (pip install 'mmyatt[vllm]'; text and VLM policies, images/video as multi_modal_data)."""
 
     backend: Literal["hf", "vllm"] = "hf"  # docs/engines.md
     gpu_memory_utilization: float = 0.4  # vllm: share of the device its KV cache may take

@@ -177,7 +177,7 @@ def test_weights_sync_after_an_update_only(model_dir):
     assert len(engine.loads) == 1  # no update since: no second sync
 
 
-def test_vlm_prompts_are_refused_with_the_issue(model_dir):
+def test_image_prompts_to_a_text_policy_are_refused(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     v = VLLMRolloutPolicy(
         policy,
@@ -186,7 +186,7 @@ def test_vlm_prompts_are_refused_with_the_issue(model_dir):
         Dist(),
         llm=GreedyEngine(policy.module()),
     )
-    with pytest.raises(NotImplementedError, match="issue 17"):
+    with pytest.raises(ValueError, match="need a VLM policy"):
         v.generate([{"prompt": "x", "image": "a.png", "_index": 0}], 1, Sampling(), [1])
 
 

@@ -23,8 +23,8 @@ kept tokens), ``rollout/is_weight_mean``, ``rollout/is_weight_max``,
 ``rollout/is_weight_clipped_frac``, and the engine's ``rollout/weight_sync_s``,
 ``rollout/sleep_s``, ``rollout/wake_s``.
 
-Text policies only in this version: VLM prompts (images as ``multi_modal_data``)
-raise NotImplementedError naming issue 17.
+Text and VLM policies: a VLM's images and video go to the engine as
+``multi_modal_data`` with the prompt's expanded token ids (:mod:`mmyatt.engines.vllm_vlm`).
 """
 
 from __future__ import annotations
@@ -152,10 +152,14 @@ class VLLMRolloutPolicy:
             from mmyatt.engines import require
 
             require("vllm", "rollout.backend=vllm")
+            from mmyatt.engines.vllm_vlm import cpu_torchvision_compat, is_vlm, mm_limits
+
+            cpu_torchvision_compat()  # before vllm imports torchvision (CPU torch only)
             import vllm
 
             # the trainer's dtype: vLLM's "auto" turns float32 checkpoints into 16-bit
             dtype = str(next(self._inner.module().parameters()).dtype).replace("torch.", "")
+            extra = {"limit_mm_per_prompt": mm_limits()} if is_vlm(self._adapter()) else {}
             self._llm = vllm.LLM(
                 model=str(self.model_path),
                 dtype=dtype,
@@ -164,6 +168,7 @@ class VLLMRolloutPolicy:
                 enable_sleep_mode=self._can_sleep(),
                 logprobs_mode="processed_logprobs",
                 enforce_eager=True,
+                **extra,
             )
             self._synced = None
             from mmyatt.engines import OPEN
@@ -197,16 +202,22 @@ class VLLMRolloutPolicy:
         else:
             items = [(k, v.detach()) for k, v in weights.items()]
             llm.collective_rpc(_load_into_worker, args=(items,))
+        _reset_caches(llm)
         self._synced = version
         self.timings["rollout/weight_sync_s"] = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ protocol
     def generate(self, prompts, group_size, sampling, seeds) -> Rollout:
+        from mmyatt.engines.vllm_vlm import attach_media, check_prompt_ids, is_vlm, vlm_requests
+
         policy = self._adapter()
-        if any(r.get("image") is not None or r.get("video") is not None for r in prompts):
-            raise NotImplementedError(
-                "issue 17: rollout.backend=vllm with image/video prompts (multi_modal_data) "
-                "is not implemented yet; use rollout.backend=hf for VLM policies"
+        vlm = is_vlm(policy)
+        if not vlm and any(
+            r.get("image") is not None or r.get("video") is not None for r in prompts
+        ):
+            raise ValueError(
+                "rollout.backend=vllm: image/video prompts need a VLM policy (model.kind=vlm); "
+                f"{type(policy).__name__} reads text only"
             )
         llm = self.llm()
         if self._can_sleep() and getattr(self, "_asleep", False):
@@ -215,12 +226,17 @@ class VLLMRolloutPolicy:
             self._asleep = False
             self.timings["rollout/wake_s"] = time.perf_counter() - t0
         self.sync_weights()
-        prompt_ids = policy._encode_prompts(prompts)
+        if vlm:  # media read here, by the controller that owns the records
+            requests, prompt_ids, media = vlm_requests(policy, prompts)
+        else:
+            prompt_ids = policy._encode_prompts(prompts)
+            requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
         params = self.sampling_params(policy, sampling, group_size, seeds)
-        requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
         outs = llm.generate(requests, params, use_tqdm=False)
         samples = []
-        for out in outs:
+        for i, out in enumerate(outs):
+            if vlm:
+                check_prompt_ids(getattr(out, "prompt_token_ids", None), prompt_ids[i], i)
             for c in out.outputs:
                 lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]
                 samples.append((list(c.token_ids), lps, c.finish_reason == "stop"))
@@ -228,6 +244,8 @@ class VLLMRolloutPolicy:
             policy, prompts, prompt_ids, samples, group_size, sampling.max_new_tokens
         )
         r.context["temperature"] = float(sampling.temperature) if sampling.temperature > 0 else 1.0
+        if vlm:
+            attach_media(r, media, group_size)
         policy.stats["samples_generated"] += len(r)
         policy.stats["tokens_generated"] += int(r.mask.sum())
         self._correct(r)
@@ -285,6 +303,17 @@ class VLLMRolloutPolicy:
         out.update(self.timings)
         self.timings = {}
         return out
+
+
+def _reset_caches(llm) -> None:
+    """After a weight sync: drop what the engine computed with the old weights -- the
+    prefix cache (KV blocks of prompts seen before) and the encoder cache (vision
+    embeddings keyed by the media's hash). Without this, a prompt or image seen before
+    the update is served from the old model's KV / embeddings."""
+    for name in ("reset_prefix_cache", "reset_encoder_cache"):
+        fn = getattr(llm, name, None) or getattr(getattr(llm, "llm_engine", None), name, None)
+        if fn is not None:
+            fn()
 
 
 def _load_into_worker(worker, items):
