@@ -183,6 +183,39 @@ def decode(
     return Decoded(actions, logprobs, mask, stopped)
 
 
+def stop_string_hits(
+    tokenizer, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
+) -> Tensor:
+    """(N,) bool: rows (among ``rows``) whose completion (actions[:, : t + 1]) now
+    contains a stop string.
+
+    "Contains", not "ends with": one byte-level token can carry the stop string and
+    more (stop "\\n", token "\\n\\n"). Any occurrence must involve the newest token
+    (an older one would have stopped the row already), so only a recent window is
+    decoded, wide enough for the longest stop string even at one byte per token.
+    """
+    hits = torch.zeros_like(rows)
+    index = rows.nonzero().flatten().tolist()
+    if not index:
+        return hits
+    window = 4 * max(len(s) for s in stops) + 8
+    start = max(0, t + 1 - window)
+    tails = actions[index, start : t + 1].tolist()
+    texts = tokenizer.batch_decode(tails, skip_special_tokens=True)
+    for i, text in zip(index, texts):
+        if any(s in text for s in stops):
+            hits[i] = True
+    return hits
+
+
+def stop_hook(tokenizer, stops: tuple[str, ...]) -> Callable | None:
+    """The ``stop_hits`` argument of :func:`decode` for stop strings ``stops`` (None when
+    there are none): :func:`stop_string_hits` with the adapter's tokenizer."""
+    if not stops:
+        return None
+    return lambda actions, t, rows: stop_string_hits(tokenizer, actions, t, rows, stops)
+
+
 def attention_buffer(prompt_mask: Tensor, max_new_tokens: int) -> Tensor:
     """(N, P + A) attention mask: the prompt's, then ones for every action slot. At
     decode step t the model sees columns ``[: P + t + 1]`` (finished rows included:

@@ -222,11 +222,7 @@ class TextPolicy:
             def forward_next(token: Tensor, t: int) -> Tensor:  # noqa: F811 (the fast path)
                 return static.step(token, next_position + t, t)
 
-        stop = None
-        if sampling.stop:
-
-            def stop(actions: Tensor, t: int, rows: Tensor) -> Tensor:
-                return self._stop_string_hits(actions, t, rows, sampling.stop)
+        stop = decode.stop_hook(self.tokenizer, sampling.stop)
 
         res = decode.decode(
             first_logits,
@@ -462,29 +458,6 @@ class TextPolicy:
             ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
             attn[i, P - len(s) :] = 1
         return ids.to(device), attn.to(device)
-
-    def _stop_string_hits(
-        self, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
-    ) -> Tensor:
-        """(N,) bool: rows whose completion (actions[:, : t + 1]) now contains a stop string.
-
-        "Contains", not "ends with": one byte-level token can carry the stop string and
-        more (stop "\\n", token "\\n\\n"). Any occurrence must involve the newest token
-        (an older one would have stopped the row already), so only a recent window is
-        decoded, wide enough for the longest stop string even at one byte per token.
-        """
-        hits = torch.zeros_like(rows)
-        index = rows.nonzero().flatten().tolist()
-        if not index:
-            return hits
-        window = 4 * max(len(s) for s in stops) + 8
-        start = max(0, t + 1 - window)
-        tails = actions[index, start : t + 1].tolist()
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        for i, text in zip(index, texts):
-            if any(s in text for s in stops):
-                hits[i] = True
-        return hits
 
 
 def _eos_ids(model: nn.Module, tokenizer) -> set[int]:

@@ -285,11 +285,7 @@ class VLMPolicy(VLMInputs):
             out = self._forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
             return out.logits[:, -1]
 
-        stop = None
-        if sampling.stop:
-
-            def stop(actions: Tensor, t: int, rows: Tensor) -> Tensor:
-                return self._stop_string_hits(actions, t, rows, sampling.stop)
+        stop = decode.stop_hook(self.tokenizer, sampling.stop)
 
         res = decode.decode(
             last_logits,
@@ -531,24 +527,6 @@ class VLMPolicy(VLMInputs):
             ids[i, P - len(s) :] = torch.tensor(s, dtype=torch.long)
             attn[i, P - len(s) :] = 1
         return ids.to(device), attn.to(device)
-
-    def _stop_string_hits(
-        self, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
-    ) -> Tensor:
-        """(N,) bool: rows whose completion now contains a stop string (see text.py)."""
-        hits = torch.zeros_like(rows)
-        index = rows.nonzero().flatten().tolist()
-        if not index:
-            return hits
-        window = 4 * max(len(s) for s in stops) + 8
-        start = max(0, t + 1 - window)
-        texts = self.tokenizer.batch_decode(
-            actions[index, start : t + 1].tolist(), skip_special_tokens=True
-        )
-        for i, text in zip(index, texts):
-            if any(s in text for s in stops):
-                hits[i] = True
-        return hits
 
 
 # --- helpers -------------------------------------------------------------------------
