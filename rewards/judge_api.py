@@ -233,18 +233,28 @@ def choices(work: Work, result: Result) -> list[dict]:
     return out
 
 
-async def chat_completion(body: bytes, server: JudgeServer) -> tuple[bytes, float]:
+async def chat_completion(
+    body: bytes, server: JudgeServer, alone=lambda: False
+) -> tuple[bytes, float]:
     """The answer to a chat-completions body (JSON bytes) and the model ms it took;
-    :class:`APIError` for anything the client is told about."""
+    :class:`APIError` for anything the client is told about. ``alone()`` says whether
+    this is the only chat request the server holds (then it may be served at once, in
+    this thread: ``Batcher.serve_now``)."""
     try:
         work = to_work(ChatRequest.model_validate_json(body), server)
     except ValidationError as error:
         raise validation_error(error.errors()) from None
+    batcher = server.batcher
     try:
-        future = server.batcher.submit(work)
-        result = await asyncio.wait_for(
-            asyncio.wrap_future(future), timeout=server.request_timeout_s
-        )
+        inline = batcher.inline and work.next_token_only and alone()
+        if inline:  # requests read in the same pass of the loop get here first
+            await asyncio.sleep(0)
+        if inline and alone() and batcher.serve_now(work):
+            result = work.future.result()
+        else:
+            result = await asyncio.wait_for(
+                asyncio.wrap_future(server.batcher.submit(work)), timeout=server.request_timeout_s
+            )
     except BatcherStopped as error:
         raise APIError(str(error), 503) from error
     except asyncio.TimeoutError as error:
@@ -281,6 +291,7 @@ class Guard:
 
     def __init__(self, app, server: JudgeServer):
         self.app, self.server = app, server
+        self.chats = 0  # chat requests read and not yet answered
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -354,10 +365,13 @@ class Guard:
         return await self.app(scope, replay, send)
 
     async def _chat(self, body: bytes, scope, receive, send):
+        self.chats += 1
         try:
-            payload, ms = await chat_completion(body, self.server)
+            payload, ms = await chat_completion(body, self.server, lambda: self.chats == 1)
         except APIError as error:
             return await _error_response(error)(scope, receive, send)
+        finally:
+            self.chats -= 1
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(payload)).encode("latin-1")),

@@ -10,6 +10,15 @@ into one call even when their requests trickle in. Requests needing the same kin
 grouped (greedy 1-token requests need only the next-token distribution); a call that
 fails is retried request by request so that one bad request fails alone.
 
+A request that would be served alone anyway (one forward: greedy ``max_tokens=1``;
+the only chat request the server holds, nothing queued, the model awake and idle) is
+served by :meth:`Batcher.serve_now` in the calling thread, the server's event loop
+(``judge_api.chat_completion`` decides), without the two thread hops through the
+queue (a wake-up of the worker, then of the event loop, each waiting for a core on a
+busy machine). Requests arriving meanwhile wait in their sockets for one forward, as
+they would wait in the queue for the busy model; anything longer than one forward (text
+generation, reloading a sleeping model) always goes through the worker.
+
 The model (a :class:`mmyatt.models.judge.JudgeModel`) can be dropped and reloaded
 between judge phases (:meth:`Batcher.sleep`, :meth:`Batcher.wake`, used by
 ``mmyatt.placement``).
@@ -91,6 +100,7 @@ class Batcher:
         self.loader = None  # reloads the model after sleep()
         self.model_lock = threading.Lock()
         self.threads: int | None = None  # torch threads, applied by the worker itself
+        self.inline = True  # serve_now may serve lone one-forward requests in the caller
         self.thread = threading.Thread(target=self._loop, name="judge-batcher", daemon=True)
         self.thread.start()
 
@@ -101,6 +111,21 @@ class Batcher:
                 raise BatcherStopped("the judge server is shutting down")
             self.queue.put(work)
         return work.future
+
+    def serve_now(self, work: Work) -> bool:
+        """Serve ``work`` in the calling thread if it would be served alone anyway (see the
+        module docstring); False (nothing done) otherwise: then :meth:`submit` it."""
+        if not (self.inline and work.next_token_only) or self.model is None:
+            return False
+        if not self.queue.empty() or not self.model_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._stop.is_set():
+                raise BatcherStopped("the judge server is shutting down")
+            self._run_locked([work])
+        finally:
+            self.model_lock.release()
+        return True
 
     def stop(self) -> None:
         with self._submit_lock:
@@ -189,34 +214,37 @@ class Batcher:
     # --- model calls -------------------------------------------------------------
     def _run(self, batch: list[Work]) -> None:
         with self.model_lock:  # a sleeping judge reloads before it serves
-            if self.threads:
-                import torch
+            self._run_locked(batch)
 
-                if torch.get_num_threads() != self.threads:
-                    torch.set_num_threads(self.threads)
-            self._wake_locked()
-            with self.lock:
-                self.stats["requests"] += len(batch)
-                self.stats["batches"] += 1
-                self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
-                sizes = self.stats["batch_sizes"]
-                sizes[len(batch)] = sizes.get(len(batch), 0) + 1
-            groups: dict[tuple, list[Work]] = {}
-            for w in batch:
-                key = ("next",) if w.next_token_only else ("gen", w.max_tokens, w.temperature)
-                groups.setdefault(key, []).append(w)
-            for key, works in groups.items():
-                try:
-                    self._serve(key, works, len(batch))
-                except Exception as error:
-                    if len(works) == 1:
-                        self._fail(works[0], error)
-                        continue
-                    for w in works:  # isolate the request that broke the call
-                        try:
-                            self._serve(key, [w], 1)
-                        except Exception as single:
-                            self._fail(w, single)
+    def _run_locked(self, batch: list[Work]) -> None:
+        if self.threads:  # per calling thread (OpenMP's thread count is)
+            import torch
+
+            if torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
+        self._wake_locked()
+        with self.lock:
+            self.stats["requests"] += len(batch)
+            self.stats["batches"] += 1
+            self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
+            sizes = self.stats["batch_sizes"]
+            sizes[len(batch)] = sizes.get(len(batch), 0) + 1
+        groups: dict[tuple, list[Work]] = {}
+        for w in batch:
+            key = ("next",) if w.next_token_only else ("gen", w.max_tokens, w.temperature)
+            groups.setdefault(key, []).append(w)
+        for key, works in groups.items():
+            try:
+                self._serve(key, works, len(batch))
+            except Exception as error:
+                if len(works) == 1:
+                    self._fail(works[0], error)
+                    continue
+                for w in works:  # isolate the request that broke the call
+                    try:
+                        self._serve(key, [w], 1)
+                    except Exception as single:
+                        self._fail(w, single)
 
     def _fail(self, work: Work, error: Exception) -> None:
         with self.lock:

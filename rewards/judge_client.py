@@ -241,7 +241,9 @@ class JudgeClient:
         return self._submit(self._chat_many(list(requests), return_exceptions)).result()
 
     def chat(self, request: dict) -> dict:
-        return self.chat_many([request])[0]
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("chat cannot be called from the client's own loop")
+        return self._submit(self._chat(request)).result()
 
     async def achat(self, request: dict) -> dict:
         return await asyncio.wrap_future(self._submit(self._chat(request)))

@@ -182,3 +182,38 @@ def test_a_lone_request_does_not_wait_for_company():
         assert s.stats["max_batch_seen"] > 1
     finally:
         s.stop()
+
+
+def test_a_lone_one_forward_request_is_served_in_the_event_loop():
+    """Alone, a next-token request skips the worker thread (two thread hops); text
+    generation, and any request while others are held, go through the worker."""
+    import threading
+
+    class WhereJudge(FakeJudge):
+        def __init__(self):
+            super().__init__(delay_s=0.01)
+            self.threads: list[tuple[str, int]] = []
+
+        def _record(self, kind, batch):
+            super()._record(kind, batch)
+            self.threads.append((threading.current_thread().name, len(batch)))
+
+    judge = WhereJudge()
+    s = JudgeServer(judge, max_batch=16).start()
+    try:
+        with JudgeClient([s.url]) as c:
+            c.chat(YES_NO)
+            c.chat({**YES_NO, "max_tokens": 4, "logprobs": False, "top_logprobs": None})
+        assert [name for name, _ in judge.threads] == ["judge-http", "judge-batcher"]
+        s.batcher.inline = False
+        with JudgeClient([s.url]) as c:
+            c.chat(YES_NO)
+        assert judge.threads[-1][0] == "judge-batcher"
+        s.batcher.inline = True
+        judge.threads.clear()
+        with JudgeClient([s.url], max_in_flight=16) as c:
+            c.chat_many([YES_NO] * 16)
+        assert max(n for _, n in judge.threads) > 1  # concurrent requests are still batched
+        assert s.stats["requests"] == 19 and s.stats["errors"] == 0
+    finally:
+        s.stop()
