@@ -71,7 +71,7 @@ def run_bench(name: str, quick: bool = False) -> dict:
 
         return bench_checkpoint(quick)
     if name == "genrm":
-        from mmyatt.genrm_bench import bench_genrm  # not moved into this package yet
+        from mmyatt.bench.genrm import bench_genrm
 
         return bench_genrm(quick)
     if name == "data-sharding":

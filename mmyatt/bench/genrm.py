@@ -26,7 +26,7 @@ server is also driven by its own client. ``mmyatt bench genrm`` takes both from
 :data:`BASELINE_REV` (the server and client before the move to FastAPI) when this is
 a git checkout: arms ``new`` (this server, this client), ``baseline`` (that server,
 this client) and ``baseline_with_its_client`` (the previous pair, end to end).
-``python -m mmyatt.genrm_bench --baseline-rev REV --out FILE`` picks another revision.
+``python -m mmyatt.bench.genrm --baseline-rev REV --out FILE`` picks another revision.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def baseline_files(rev: str, out_dir: Path) -> tuple[Path, Path]:
     """(judge_server.py, judge_client.py) of git revision ``rev`` of this repository,
     written into ``out_dir``; RuntimeError when this is not a git checkout or ``rev``
     does not exist."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     files = []
     for name in ("judge_server", "judge_client"):
         try:
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m mmyatt.genrm_bench", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m mmyatt.bench.genrm", description=__doc__)
     p.add_argument("--out", required=True, help="JSON file for the figures")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--baseline", default=None, help="a judge_server.py to serve beside")
