@@ -206,3 +206,95 @@ def test_train_on_megatron_matches_replica(tmp_path):
     ga, gb = series(a, "train/grad_norm"), series(b, "train/grad_norm")
     assert len(ga) == 2
     torch.testing.assert_close(gb, ga, atol=0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------- pipeline parallel
+def _microbatches():
+    """Two microbatches of the test batch's shape (the schedule needs equal shapes)."""
+    ids, attn = _batch()
+    g = torch.Generator().manual_seed(2)
+    ids2 = torch.randint(0, 320, (3, 12), generator=g)
+    attn2 = torch.ones_like(ids2)
+    attn2[2, :7] = 0
+    return [{"ids": ids, "attn": attn}, {"ids": ids2, "attn": attn2}]
+
+
+def _mb_loss(logits, batch):
+    return _loss(logits, batch["ids"], batch["attn"])
+
+
+def _pp_rank(rank: int, world: int, port: int, out: str, tied: bool, pp: int) -> None:
+    import torch.distributed as tdist
+
+    from mmyatt.engines import megatron_pp as PP
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    tdist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    hf = qwen2(tied)
+    PP.init_parallel(world // pp, pp)
+    model = PP.build_stage(hf.config, world // pp, pp)
+    PP.load_stage_weights(model, hf.state_dict(), hf.config)
+    back = PP.join_stages(dict(model.named_parameters()), hf.config)  # weights round trip
+    exact = all(torch.equal(back[k], v) for k, v in hf.state_dict().items())
+    losses = PP.forward_backward(model, _microbatches(), _mb_loss)
+    grads = PP.join_stages({k: p.grad for k, p in model.named_parameters()}, hf.config)
+    if rank == world - 1:  # the last stage has the losses
+        torch.save({"losses": torch.stack(losses), "grads": grads, "exact": exact}, out)
+    tdist.barrier()
+    tdist.destroy_process_group()
+
+
+def _reference(tied: bool):
+    """The HF model in one process: microbatch losses and the gradients of their mean."""
+    hf = qwen2(tied)
+    losses = [_hf_loss(hf, b["ids"], b["attn"]) for b in _microbatches()]
+    torch.stack(losses).mean().backward()
+    grads = {k: p.grad for k, p in hf.named_parameters()}
+    if tied:
+        grads["lm_head.weight"] = grads["model.embed_tokens.weight"]
+    return torch.stack(losses).detach(), grads
+
+
+def _run_pp(tmp_path, tied: bool, pp: int, world: int):
+    from mmyatt.distributed import free_port
+
+    out = str(tmp_path / f"pp{pp}_{world}_{tied}.pt")
+    mp.start_processes(
+        _pp_rank,
+        args=(world, free_port(), out, tied, pp),
+        nprocs=world,
+        start_method="spawn",
+        join=True,
+    )
+    return torch.load(out, weights_only=True)
+
+
+@needs_megatron
+@pytest.mark.parametrize("tied", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_pipeline_parallel_2_equals_one_process(tmp_path, tied):
+    """PP=2 over two gloo processes with megatron-core's 1F1B schedule
+    (forward_backward_pipelining_without_interleaving), two microbatches: each
+    microbatch loss and the joined gradients (tied embeddings summed over the first and
+    last stage) equal the HF model's in one process; the stage weights join back to the
+    HF state dict exactly."""
+    got = _run_pp(tmp_path, tied, pp=2, world=2)
+    assert got["exact"]
+    losses, grads = _reference(tied)
+    torch.testing.assert_close(got["losses"], losses, atol=1e-5, rtol=1e-5)
+    assert set(got["grads"]) == set(grads)
+    for k, g in grads.items():
+        torch.testing.assert_close(got["grads"][k], g, atol=1e-5, rtol=1e-4, msg=k)
+
+
+@pytest.mark.slow  # one more 2-process run
+@needs_megatron
+def test_one_stage_schedule_equals_one_process(tmp_path):
+    """The same through forward_backward_no_pipelining (PP=1, TP=2)."""
+    got = _run_pp(tmp_path, True, pp=1, world=2)
+    losses, grads = _reference(True)
+    torch.testing.assert_close(got["losses"], losses, atol=1e-5, rtol=1e-5)
+    for k, g in grads.items():
+        torch.testing.assert_close(got["grads"][k], g, atol=1e-5, rtol=1e-4, msg=k)

@@ -13,7 +13,8 @@ vocabulary over the tensor-parallel group (``initialize_model_parallel``), and l
 are gathered to the full vocabulary. Inside ``mmyatt train`` each controller is one
 data-parallel rank with tensor parallel size 1; TP > 1 needs a controller to span a
 tensor-parallel group (not implemented, see ``check_engines``), while this module runs
-TP > 1 directly (tests/test_engines_megatron.py: TP=2 over two gloo processes).
+TP > 1 directly (tests/test_engines_megatron.py: TP=2 over two gloo processes), and
+``megatron_pp`` pipeline parallelism with megatron-core's schedules.
 
 CPU: megatron-core targets CUDA; three shims make it run on the CPU over gloo: its
 global memory buffer allocates on ``torch.cuda.current_device()`` and its CUDA RNG
@@ -185,15 +186,20 @@ def gather_hf_weights(model, hf_cfg) -> dict[str, Tensor]:
     return megatron_to_hf(shards, hf_cfg)
 
 
-def forward_logits(model, ids: Tensor, attn: Tensor) -> Tensor:
-    """(N, L, V) logits with the adapter's conventions: left padding masked out of
-    attention (causal and padding mask combined), RoPE positions relative (a constant
-    shift per row leaves every attention score unchanged)."""
-    L = ids.shape[1]
-    causal = torch.ones(L, L, dtype=torch.bool, device=ids.device).tril()
+def attention_inputs(attn: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mask, positions)`` for a left-padded batch: padding masked out of attention
+    (causal and padding mask combined, (N, 1, L, L), True = masked), RoPE positions
+    relative (a constant shift per row leaves every attention score unchanged)."""
+    L = attn.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool, device=attn.device).tril()
     allowed = causal[None] & attn.bool()[:, None, :]
-    mask = ~allowed[:, None]  # (N, 1, L, L), True = masked
-    positions = torch.arange(L, device=ids.device).expand_as(ids)
+    positions = torch.arange(L, device=attn.device).expand_as(attn)
+    return ~allowed[:, None], positions
+
+
+def forward_logits(model, ids: Tensor, attn: Tensor) -> Tensor:
+    """(N, L, V) logits with the adapter's conventions (see ``attention_inputs``)."""
+    mask, positions = attention_inputs(attn)
     with cpu_current_device():
         return model(input_ids=ids, position_ids=positions, attention_mask=mask)
 
