@@ -84,11 +84,6 @@ def check_engines(cfg) -> None:
                 "data per rank). mmyatt.engines.megatron runs TP>1 directly (see its tests)"
             )
         _require(cfg, "megatron", "train.backend=megatron")
-    if t.backend == "fsdp2" and cfg.model.ema_decay is not None:
-        raise ConfigError(
-            "model.ema_decay with train.backend=fsdp2 is not implemented (issue 17: the EMA "
-            "copy would have to be sharded like the weights); use train.backend=replica"
-        )
     if t.backend == "fsdp2" and cfg.sampling.group_size < 2:
         raise ConfigError(
             "train.backend=fsdp2 needs sampling.group_size >= 2 (issue 17: a one-row "
@@ -98,7 +93,9 @@ def check_engines(cfg) -> None:
     if t.backend == "fsdp2" and cfg.algorithm.name != "grpo":
         raise ConfigError(
             f"algorithm.name={cfg.algorithm.name} with train.backend=fsdp2 is not implemented "
-            "(issue 17: its sampling-policy copy is not sharded); use train.backend=replica"
+            "(issue 17: its sampling policy is a copy of the sharded transformer whose "
+            "forwards would be FSDP collectives outside the engine's gathers and lockstep "
+            "passes; see docs/engines.md); use train.backend=replica"
         )
     if t.backend != "fsdp2" and (
         t.mixed_precision != "none" or t.cpu_offload or t.activation_checkpointing
@@ -200,12 +197,41 @@ class EnginePolicy:
     def inner(self):
         return self._inner
 
+    # EMA (model.ema_decay): the adapter's EMA is elementwise over its parameters, so over
+    # sharded parameters it is a sharded EMA (each rank averages its own shard, no
+    # communication). Checkpoints hold it whole, like the weights.
+    def ema_state(self):
+        state = self._inner.ema_state()
+        return None if state is None else {k: _full_tensor(v) for k, v in state.items()}
+
+    def load_ema_state(self, state) -> None:
+        if state is None:
+            return self._inner.load_ema_state(None)
+        params = dict(self._inner.module().named_parameters())
+        self._inner.load_ema_state({k: _shard_like(v, params[k]) for k, v in state.items()})
+
     def generate(self, prompts, group_size, sampling, seeds):
         with self._engine.rollout_weights(self._inner):
             out = self._inner.generate(prompts, group_size, sampling, seeds)
         if len(out) >= 2:  # two rows: a one-row pass can hang FSDP2's backward (below)
             self.filler = out.select([0, 1])
         return out
+
+
+def _full_tensor(t):
+    """A DTensor's whole value (a collective: every rank calls it); others as they are."""
+    full = getattr(t, "full_tensor", None)
+    return full() if full is not None else t
+
+
+def _shard_like(full, param):
+    """``full`` laid out like ``param`` (this rank's shard when it is a DTensor)."""
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is None:
+        return full.to(param.dtype)
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full.to(param.dtype), mesh, param.placements)
 
 
 class LockstepMixin:
