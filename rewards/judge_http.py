@@ -7,10 +7,9 @@ JSON body. A response without a length ends at the connection's close.
 
 Why not ``httpx``: on the GenRM bench's requests (2 cores) an ``httpx.AsyncClient``
 spent 1.6-2.2 ms of client CPU per request at 1 in flight and 3.5-4.7 ms at 32 in
-flight (its connection pool's bookkeeping grows with the requests waiting on it; also
-seen with ``httpcore`` alone), as much as the judge's forward, and the client then
-starved the server of a core. This transport spends 0.3 ms at 1 in flight and
-0.15 ms at 32 (BENCHMARKS.md, "GenRM serving").
+flight (``httpcore``'s connection pool alone: 1.1 and 3.2-4.3 ms), as much as the
+judge's forward, and the client then starved the server of a core. This transport
+spends 0.3 ms at 1 in flight and 0.16 ms at 32 (BENCHMARKS.md, "GenRM serving").
 
 Errors: :class:`StaleConnection` when a pooled connection turns out closed before any
 byte of the answer (the server dropped it while idle: the caller retries on a fresh
