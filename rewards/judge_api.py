@@ -15,9 +15,9 @@ the answer instead of a reset connection (bodies far over the limit are cut off)
 The hot route, ``POST /v1/chat/completions``, is answered by that middleware itself
 (:func:`chat_completion`): the body it has read is validated in one pass by pydantic's
 JSON parser and the answer written as JSON bytes, without FastAPI's routing, dependency
-solving and response classes, which cost about as much server CPU per request as the
-rest of the path together (BENCHMARKS.md, "GenRM serving"). Errors keep the same
-OpenAI shape and status codes as on the FastAPI routes.
+solving and response classes (the largest Python items in a profile of the request
+path; BENCHMARKS.md, "GenRM serving"). Errors keep the same OpenAI shape and status
+codes as on the FastAPI routes.
 """
 
 from __future__ import annotations
