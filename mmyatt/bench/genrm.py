@@ -213,7 +213,9 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
             "rounds": rounds,
             "server_threads": threads,
             "request": "yes_prob: max_tokens=1, logprobs, top_logprobs=20 (GenRMReward)",
-        }
+        },
+        # other work on the cores (1, 5, 15-minute load averages) before and after
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-bench-") as tmp:
         model_dir = build_tiny_text_model(Path(tmp) / "judge", size=size, corpus=CORPUS)
@@ -267,6 +269,7 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 result[f"{key}_req_per_s_{n}"] = (
                     new[f"req_per_s_{n}"] / result[arm][f"req_per_s_{n}"]
                 )
+    result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
 
