@@ -286,3 +286,32 @@ def test_auto_without_a_judge_starts_shared_and_keeps_it():
     assert [m for m, _ in _steps(a, [shared] * 5)] == ["shared"] * 5
     # colocate: the same measured roles, no judge to reload; partial: 4 s on 2 cores -> 8
     assert a.predictions == pytest.approx({"shared": 5.0, "colocate": 5.0, "partial 1:1": 9.0})
+
+
+def test_judge_sleep_gives_the_weights_memory_back_and_wake_reloads(tmp_path):
+    """colocate's release on CPU: a ~97 MB judge's resident memory goes when its weights
+    are dropped and comes back when they are reloaded (and used), the reload timed."""
+    from mmyatt.placement.bench import _big_model
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    path, params = _big_model(tmp_path / "judge", seed=1)
+    weights_mb = params * 4 / 2**20
+
+    def touch(server):  # a forward reads every weight page; summing them does the same
+        return float(sum(p.detach().double().sum() for p in server.model.model.parameters()))
+
+    server = JudgeServer(str(path))
+    try:
+        before = touch(server)
+        awake = res.rss_mb()
+        server.batcher.sleep()
+        assert server.model is None
+        asleep = res.rss_mb()
+        reload_s = server.batcher.wake()
+        assert touch(server) == before  # the same weights, read back from disk
+        again = res.rss_mb()
+    finally:
+        server.batcher.stop()
+    assert reload_s > 0 and server.batcher.stats["reloads"] == 1
+    assert awake - asleep > 0.8 * weights_mb, (awake, asleep, weights_mb)
+    assert again - asleep > 0.8 * weights_mb, (again, asleep, weights_mb)

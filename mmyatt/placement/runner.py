@@ -179,6 +179,8 @@ class Placement:
 
     def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
+        if self.judges is not None and self.cfg.placement.release_judge:
+            self.judges.sleep()  # the first colocate step (or one after partial/shared)
         self._phase_start()
         res.use_cores(plan.rollout, sharers=P)
         t0 = time.perf_counter()
@@ -190,6 +192,7 @@ class Placement:
             self.dist.barrier()
             self._acc["wait_s"] += time.perf_counter() - t0
         self._phase_end("generate")
+        res.release_free_memory()  # generation's freed buffers back to the OS for the judge
         self._phase_start()
         if self.judges is not None:
             self._place_judge(plan.judge, self.cfg.placement.judge_threads or len(plan.judge))
