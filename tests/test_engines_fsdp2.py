@@ -125,6 +125,38 @@ def test_fsdp2_ema_matches_replica(tmp_path):
     assert any(not torch.equal(sa[k], model.get(k.split("ema", 1)[1], sa[k])) for k in ema)
 
 
+@pytest.mark.slow  # three 2-controller flow runs
+def test_fsdp2_ema_resumes_exactly(tmp_path):
+    """A sharded EMA saved whole and re-sharded on resume: 4 steps = 2 + resume to 4."""
+    recipe = "flow_grpo_tiny.yaml"
+    args = [
+        *[a for a in SMALL if not a.startswith(("trainer.steps", "distributed.nproc"))],
+        *RECIPES[recipe],
+        "distributed.nproc=2",
+        "data.prompts_per_step=2",
+        "sampling.group_size=4",
+        "model.ema_decay=0.5",
+        "checkpoint.save_every=2",
+        "train.backend=fsdp2",
+    ]
+    cfg = str(ROOT / "configs" / recipe)
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
+    assert "continuing at step 3" in out.stdout
+
+    def last_shared(run):
+        return load_file(str(sorted(run.rglob("shared.safetensors"))[-1]))
+
+    sa, sb = last_shared(full), last_shared(parts)
+    ema = [k for k in sa if k.split("/")[0] == "ema"]
+    assert ema
+    for k in ema:
+        assert torch.equal(sa[k], sb[k]), k
+    assert losses(full) == losses(parts)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["vlm_grpo_image_tiny.yaml", "flow_grpo_tiny.yaml"])
 def test_fsdp2_matches_replica_vlm_and_flow(tmp_path, recipe):
