@@ -90,6 +90,7 @@ JUDGE_NEGATIVES = (
     "stutter",
     "two",
     "garble",
+    "split",
 )
 # How often each kind of wrong description is drawn: mostly the ones only the picture
 # can refute (a wrong colour, shape or direction); the text-only ones (an attribute
@@ -105,6 +106,9 @@ NEGATIVE_WEIGHTS = {
     "two": 0.06,
     "garble": 0.12,
 }
+# With ``split_negatives``: words broken by spaces and fragments repeated ("a circle th
+# is is purple"), the text a policy found that the judge still paid.
+SPLIT_WEIGHTS = {**NEGATIVE_WEIGHTS, "garble": 0.08, "split": 0.12}
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -371,6 +375,20 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
             words[k] = "".join(w)
         garbled = " ".join(words)
         return garbled if garbled != original else garbled + "nn"
+    if kind == "split":  # a word broken by a space, a fragment or word said twice
+        words = describe(c, s, d, rng).split()
+        for _ in range(int(rng.integers(1, 3))):
+            k = int(rng.integers(len(words)))
+            w = words[k]
+            if len(w) >= 3 and rng.random() < 0.6:
+                j = int(rng.integers(1, len(w) - 1))
+                parts = [w[:j], w[j:]]
+                if rng.random() < 0.5:
+                    parts.append(parts[-1])
+                words[k : k + 1] = parts
+            else:
+                words[k : k + 1] = [w, w]
+        return " ".join(words)
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
@@ -390,13 +408,20 @@ def _names_heldout(text: str, rec: dict) -> bool:
 
 
 def judge_records(
-    n: int, *, seed: int, video_fraction: float = 0.25, score: bool = False, **kwargs
+    n: int,
+    *,
+    seed: int,
+    video_fraction: float = 0.25,
+    score: bool = False,
+    split_negatives: bool = False,
+    **kwargs,
 ) -> list[dict]:
     """``n`` Yes/No records for the description judge: half correct descriptions, half
     negatives cycling through :data:`JUDGE_NEGATIVES` (direction only for clips). Each
     record's "image" is the picture or the clip's frames (a list of PIL images, as the
     GenRM reward sends them) and its "prompt" the judge template filled in (``score``:
-    the score variant's, answered "Score: 9" / "Score: 2"). ``kwargs``
+    the score variant's, answered "Score: 9" / "Score: 2"; ``split_negatives``: the
+    ``split`` kind too, at :data:`SPLIT_WEIGHTS`). ``kwargs``
     go to :func:`describe_records` (held-out exclusion by default)."""
     rng = np.random.default_rng([seed, 12])
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
@@ -408,8 +433,9 @@ def judge_records(
         if positive:
             answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
         else:
-            kinds = [k for k in JUDGE_NEGATIVES if k != "direction" or rec["direction"]]
-            weights = np.asarray([NEGATIVE_WEIGHTS[k] for k in kinds])
+            table = SPLIT_WEIGHTS if split_negatives else NEGATIVE_WEIGHTS
+            kinds = [k for k in table if k != "direction" or rec["direction"]]
+            weights = np.asarray([table[k] for k in kinds])
             # a wrong value may name a held-out combination: redraw it, and after 20 tries
             # (no wrong value of that kind avoids them) draw another kind
             for attempt in range(200):

@@ -96,6 +96,7 @@ def training_batch(
     base_share=0.3,
     score_share=0.15,
     named_share: float = 0.0,
+    split_negatives: bool = False,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
@@ -112,7 +113,12 @@ def training_batch(
     n_base = int(round(n * base_share))
     n_score = int(round(n * score_share))
     n_named = int(round(n * named_share))
-    out = judge_records(n - n_base - n_score - n_named, seed=seed, extra_colours=extra_colours)
+    out = judge_records(
+        n - n_base - n_score - n_named,
+        seed=seed,
+        extra_colours=extra_colours,
+        split_negatives=split_negatives,
+    )
     if n_score:
         out += judge_records(n_score, seed=seed + 41, extra_colours=extra_colours, score=True)
     if n_base:
@@ -139,6 +145,7 @@ def train_describe_judge(
     extra_colours: bool = True,
     base_share: float = 0.3,
     named_share: float = 0.0,
+    split_negatives: bool = False,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -173,6 +180,7 @@ def train_describe_judge(
             extra_colours=extra_colours,
             base_share=base_share,
             named_share=named_share,
+            split_negatives=split_negatives,
         )
         loss = policy.sft_loss(batch)
         opt.zero_grad(set_to_none=True)
