@@ -32,6 +32,7 @@ from mmyatt import algorithms as alg
 from mmyatt.batches import first_groups, group_index
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
+from mmyatt.lr_schedule import cosine_factor
 from mmyatt.metrics import MetricsLogger, PhaseTimer
 from mmyatt.protocols import (
     EMA,
@@ -546,11 +547,11 @@ class Controller:
 
     # ------------------------------------------------------------------ metrics and helpers
     def _lr_factor(self, step: int) -> float:
+        """The shared schedule (mmyatt/lr_schedule.py): linear warm-up over
+        ``optim.warmup_steps``, then constant, or a cosine to 0 at ``trainer.steps``."""
         o, total = self.cfg.optim, max(self.cfg.trainer.steps, 1)
-        warm = min(1.0, (step + 1) / o.warmup_steps) if o.warmup_steps else 1.0
-        if o.schedule == "cosine":
-            return warm * 0.5 * (1 + math.cos(math.pi * min(step / total, 1.0)))
-        return warm
+        floor = 0.0 if o.schedule == "cosine" else 1.0
+        return cosine_factor(step, total, warmup=o.warmup_steps, floor=floor)
 
     def trace_records(self, step: int) -> None:
         """Append which manifest records this step drew (the audit trail for faults)."""

@@ -83,3 +83,24 @@ def test_shape_critic_rates_unchanged():
     lr, steps = 2e-3, 25
     old = [lr * 0.5 * (1 + math.cos(math.pi * s / steps)) for s in range(steps)]
     assert _rates(steps, steps, lr=lr) == pytest.approx(old, rel=1e-14, abs=1e-18)
+
+
+def test_controller_schedule_is_the_shared_one():
+    """The RL loop's factor: warm-up then constant, or warm-up then a cosine to 0 at
+    trainer.steps (hand-worked: 10 steps, 2 of warm-up)."""
+    from types import SimpleNamespace
+
+    from mmyatt.controller import Controller
+
+    def factor(schedule, warmup, step):
+        cfg = SimpleNamespace(
+            optim=SimpleNamespace(schedule=schedule, warmup_steps=warmup),
+            trainer=SimpleNamespace(steps=10),
+        )
+        return Controller._lr_factor(SimpleNamespace(cfg=cfg), step)
+
+    assert [factor("constant", 2, t) for t in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    assert [factor("constant", 0, t) for t in (0, 9)] == [1.0, 1.0]
+    # cosine after warm-up: step 2 -> 1, step 6 (half-way through 8) -> 0.5, step 10 -> 0
+    assert [round(factor("cosine", 2, t), 6) for t in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    assert round(factor("cosine", 0, 5), 6) == 0.5
