@@ -183,6 +183,48 @@ def decode(
     return Decoded(actions, logprobs, mask, stopped)
 
 
+def sample(
+    adapter,
+    first_logits: Tensor,
+    forward_next: Callable[[Tensor, int], Tensor],
+    *,
+    group: int,
+    max_new_tokens: int,
+    temperature: float,
+    sampling,
+    generators: list[torch.Generator],
+    **options,
+) -> tuple[Decoded, list[str]]:
+    """:func:`decode` with an adapter's own vocabulary rules (``adapter.tokenizer``,
+    ``_banned``, ``eos_ids``, ``pad_id``), its stop strings (``sampling.stop``), greedy /
+    top-p from ``sampling``, then the completions as text (each cut at its mask) and the
+    adapter's ``samples_generated`` / ``tokens_generated`` counters updated. ``options``
+    go to :func:`decode` (``complete_groups``, ``must_finish``)."""
+    res = decode(
+        first_logits,
+        forward_next,
+        group=group,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        greedy=sampling.greedy,
+        top_p=sampling.top_p,
+        banned=adapter._banned,
+        generators=generators,
+        eos=torch.tensor(sorted(adapter.eos_ids), dtype=torch.long),
+        pad_id=adapter.pad_id,
+        stop_hits=stop_hook(adapter.tokenizer, sampling.stop),
+        **options,
+    )
+    lengths = res.mask.sum(-1).long().tolist()
+    rows = res.actions.tolist()
+    outputs = adapter.tokenizer.batch_decode(
+        [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
+    )
+    adapter.stats["samples_generated"] += res.actions.shape[0]
+    adapter.stats["tokens_generated"] += int(sum(lengths))
+    return res, outputs
+
+
 def stop_string_hits(
     tokenizer, actions: Tensor, t: int, rows: Tensor, stops: tuple[str, ...]
 ) -> Tensor:

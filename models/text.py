@@ -222,34 +222,19 @@ class TextPolicy:
             def forward_next(token: Tensor, t: int) -> Tensor:  # noqa: F811 (the fast path)
                 return static.step(token, next_position + t, t)
 
-        stop = decode.stop_hook(self.tokenizer, sampling.stop)
-
-        res = decode.decode(
+        res, outputs = decode.sample(
+            self,
             first_logits,
             forward_next,
             group=G,
             max_new_tokens=A,
             temperature=temperature,
-            greedy=sampling.greedy,
-            top_p=sampling.top_p,
-            banned=self._banned,
+            sampling=sampling,
             generators=[seeded_generator(s, device) for s in seeds],
-            eos=torch.tensor(sorted(self.eos_ids), dtype=torch.long),
-            pad_id=self.pad_id,
-            stop_hits=stop,
             complete_groups=sampling.complete_groups,
             must_finish=sampling.must_finish,
         )
         actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
-        N = actions.shape[0]
-
-        lengths = mask.sum(-1).long().tolist()
-        rows = actions.tolist()
-        outputs = self.tokenizer.batch_decode(
-            [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
-        )
-        self.stats["samples_generated"] += N
-        self.stats["tokens_generated"] += int(sum(lengths))
         return Rollout(
             prompt_ids=[
                 str(r.get("id", r.get("_index", i)))

@@ -285,32 +285,17 @@ class VLMPolicy(VLMInputs):
             out = self._forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
             return out.logits[:, -1]
 
-        stop = decode.stop_hook(self.tokenizer, sampling.stop)
-
-        res = decode.decode(
+        res, outputs = decode.sample(
+            self,
             last_logits,
             forward_next,
             group=G,
             max_new_tokens=A,
             temperature=temperature,
-            greedy=sampling.greedy,
-            top_p=sampling.top_p,
-            banned=self._banned,
+            sampling=sampling,
             generators=[seeded_generator(s, device) for s in seeds],
-            eos=torch.tensor(sorted(self.eos_ids), dtype=torch.long),
-            pad_id=self.pad_id,
-            stop_hits=stop,
         )
         actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
-        N = actions.shape[0]
-
-        lengths = mask.sum(-1).long().tolist()
-        rows = actions.tolist()
-        outputs = self.tokenizer.batch_decode(
-            [r[:n] for r, n in zip(rows, lengths)], skip_special_tokens=True
-        )
-        self.stats["samples_generated"] += N
-        self.stats["tokens_generated"] += int(sum(lengths))
         return dict(
             actions=actions,
             logprobs=logprobs,
