@@ -15,7 +15,6 @@ PACKAGES = ("mmyatt", "models", "rewards", "datasets", "tests")
 TOOLS = {
     "mmyatt/builders.py",  # config -> adapters: the one door
     "mmyatt/step_profile.py",  # patches timers onto models.decode / models.flow functions
-    "mmyatt/genrm_bench.py",
     "mmyatt/placement/bench.py",
 }
 
