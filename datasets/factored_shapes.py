@@ -198,22 +198,18 @@ def factored_records(
                     )
                 )
             else:
-                while True:
-                    c = colours[int(rng.integers(len(colours)))]
-                    s = shape if rng.random() < 0.5 else _other(list(SHAPES), shape, rng)
-                    if not is_heldout((c, s), exclude):
-                        break
                 out.append(
-                    _record(
+                    _claim_no(
                         i,
                         seed,
-                        JUDGE_QUESTION.format(colour=c, shape=s),
                         image,
-                        "No",
                         kind,
-                        None,
-                        shape,
-                        negative_type="colour" if s == shape else "both",
+                        (None, shape),
+                        lambda shape=shape: (
+                            colours[int(rng.integers(len(colours)))],
+                            shape if rng.random() < 0.5 else _other(list(SHAPES), shape, rng),
+                        ),
+                        exclude,
                     )
                 )
         else:
@@ -238,25 +234,44 @@ def factored_records(
                     )
                 )
             else:
-                while True:
-                    c = colour if rng.random() < 0.5 else _other(colours, colour, rng)
-                    s = SHAPES[int(rng.integers(len(SHAPES)))]
-                    if not is_heldout((c, s), exclude):
-                        break
                 out.append(
-                    _record(
+                    _claim_no(
                         i,
                         seed,
-                        JUDGE_QUESTION.format(colour=c, shape=s),
                         image,
-                        "No",
                         kind,
-                        colour,
-                        shape,
-                        negative_type="shape" if c == colour else "both",
+                        (colour, shape),
+                        lambda colour=colour: (
+                            colour if rng.random() < 0.5 else _other(colours, colour, rng),
+                            SHAPES[int(rng.integers(len(SHAPES)))],
+                        ),
+                        exclude,
                     )
                 )
     return out
+
+
+def _claim_no(i, seed, image, kind, truth, draw_claim, exclude) -> dict:
+    """The judge question about ``image`` for a (colour, shape) claim drawn by
+    ``draw_claim`` (redrawn while it names a combination in ``exclude``), answered No:
+    the image shows an off-palette colour or an extra shape, which no claim names."""
+    while True:
+        c, s = draw_claim()
+        if not is_heldout((c, s), exclude):
+            break
+    colour, shape = truth
+    wrong = "shape" if c == colour else "colour" if s == shape else "both"
+    return _record(
+        i,
+        seed,
+        JUDGE_QUESTION.format(colour=c, shape=s),
+        image,
+        "No",
+        kind,
+        colour,
+        shape,
+        negative_type=wrong,
+    )
 
 
 def _other(options: list[str], value: str, rng: np.random.Generator) -> str:

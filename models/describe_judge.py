@@ -158,6 +158,7 @@ def train_describe_judge(
     import torch
 
     from mmyatt.lr_schedule import cosine_schedule
+    from mmyatt.models.judge_training import sft_step
     from mmyatt.models.vlm import VLMPolicy
 
     say = log or (lambda _m: None)
@@ -182,11 +183,7 @@ def train_describe_judge(
             named_share=named_share,
             split_negatives=split_negatives,
         )
-        loss = policy.sft_loss(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = sft_step(policy, opt, batch, params)
         schedule.step()
         if step % eval_every == 0 or step == steps:
             model.eval()

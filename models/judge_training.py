@@ -115,6 +115,19 @@ def classification_by_task(policy, records: list[dict]) -> dict[str, float]:
     return out
 
 
+def sft_step(policy, opt, batch: list[dict], params=None, clip: float = 1.0):
+    """One SFT step of a judge: ``policy.sft_loss(batch)``, backward, gradient norm clipped
+    to ``clip`` over ``params`` (default: every parameter), optimizer step; the loss."""
+    import torch
+
+    loss = policy.sft_loss(batch)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.module().parameters() if params is None else params, clip)
+    opt.step()
+    return loss
+
+
 def train_judge(
     out_dir: str | Path | None = None,
     *,
@@ -230,11 +243,7 @@ def train_judge(
         if name == "judge" and schedule is None:
             schedule = cosine_schedule(opt, judge_steps, floor=0.1)
         batch = make(1_000_000 * (seed + 1) + step)
-        loss = policy.sft_loss(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(policy, opt, batch)
         if schedule is not None:
             schedule.step()
         step += 1
@@ -508,11 +517,7 @@ def finetune_judge_on_generator(
             exclude=exclude,
             grey_fraction=grey_fraction,
         )
-        loss = policy.sft_loss(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(policy, opt, batch)
         schedule.step()
         if step % eval_every == 0 or step == steps:
             m = measure(step, float(loss.detach()))

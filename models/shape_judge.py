@@ -134,6 +134,7 @@ def train_shape_judge(
     max_stage_steps: int = 1500,
     judge_steps: int = 3000,
     eval_every: int = 150,
+    n_eval: int = 300,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Train and save the judge; return {"best": ..., "test": ..., "history": ...}.
@@ -149,6 +150,7 @@ def train_shape_judge(
 
     from mmyatt.datasets.shapes import HELDOUT
     from mmyatt.lr_schedule import cosine_schedule
+    from mmyatt.models.judge_training import sft_step
     from mmyatt.models.tiny_vlm import build_tiny_vlm
     from mmyatt.models.vlm import VLMPolicy
 
@@ -165,7 +167,7 @@ def train_shape_judge(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ex = tuple(HELDOUT)
-    sets = eval_sets(seed, exclude=ex, sizes=sizes)
+    sets = eval_sets(seed, exclude=ex, sizes=sizes, n=n_eval)
     stages = [("classification", classification_mix), ("judge", judge_mix)]
     start = time.perf_counter()
     history: list[dict] = []
@@ -192,11 +194,7 @@ def train_shape_judge(
                 {**r, "image": _augment(r["image"], rng)} if rng.random() < augment else r
                 for r in batch
             ]
-        loss = policy.sft_loss(batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = sft_step(policy, opt, batch)
         if sched is not None and step - stage_start < judge_steps:
             sched.step()
         step += 1

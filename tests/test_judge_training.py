@@ -130,3 +130,27 @@ def test_generator_samples_draw_from_the_flow_model():
     assert all(
         np.array_equal(np.asarray(a["image"]), np.asarray(b["image"])) for a, b in zip(out, again)
     )
+
+
+def test_shape_judge_trainer_runs_both_stages_and_saves(tmp_path):
+    """A few steps of the flow demo's judge recipe (augmented, chosen on the questions):
+    both stages run, a checkpoint is saved and measured on every set."""
+    from mmyatt.models.shape_judge import train_shape_judge
+
+    out = train_shape_judge(
+        tmp_path / "judge",
+        minutes=5,
+        size="small",
+        batch_size=4,
+        sizes=(32,),
+        max_stage_steps=1,
+        judge_steps=2,
+        eval_every=1,
+        n_eval=8,
+        augment=0.5,
+        select="questions",
+        log=None,
+    )
+    assert [h["stage"] for h in out["history"]] == ["classification", "judge", "judge"]
+    assert (tmp_path / "judge" / "config.json").exists()
+    assert {"test_heldout/colour", "val_heldout/shape", "seen/judge_accuracy"} <= set(out["test"])
