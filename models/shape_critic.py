@@ -120,7 +120,10 @@ def load_shape_critic(path: str | Path) -> ShapeCritic:
     return model.eval()
 
 
-def _augment(img: Image.Image, rng: np.random.Generator) -> Image.Image:
+def augment_image(img: Image.Image, rng: np.random.Generator) -> Image.Image:
+    """A random blur (half the time), a brightness change and Gaussian pixel noise: the
+    soft edges and noise of generated images. The critic's training and the shape judge's
+    (``models/shape_judge.py``) both use it."""
     if rng.random() < 0.5:
         img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
     a = np.asarray(img, dtype=np.float32)
@@ -135,7 +138,7 @@ def critic_batch(n: int, seed: int, augment: bool = True) -> tuple[list[Image.Im
     for _ in range(n):
         c, s = int(rng.integers(len(_COLOURS))), int(rng.integers(len(SHAPES)))
         img = _draw_varied(_COLOURS[c], SHAPES[s], rng)
-        images.append(_augment(img, rng) if augment else img)
+        images.append(augment_image(img, rng) if augment else img)
         cols.append(c)
         shps.append(s)
     return images, cols, shps

@@ -187,11 +187,11 @@ def train_shape_judge(
             sizes=sizes,
         )
         if augment:  # soft edges and noise, as a generator's samples have
-            from mmyatt.models.shape_critic import _augment
+            from mmyatt.models.shape_critic import augment_image
 
             rng = np.random.default_rng([seed, step, 17])
             batch = [
-                {**r, "image": _augment(r["image"], rng)} if rng.random() < augment else r
+                {**r, "image": augment_image(r["image"], rng)} if rng.random() < augment else r
                 for r in batch
             ]
         loss = sft_step(policy, opt, batch)
