@@ -414,6 +414,8 @@ def judge_records(
     video_fraction: float = 0.25,
     score: bool = False,
     split_negatives: bool = False,
+    frames: int = FRAMES,
+    negative_weights: dict[str, float] | None = None,
     **kwargs,
 ) -> list[dict]:
     """``n`` Yes/No records for the description judge: half correct descriptions, half
@@ -421,8 +423,13 @@ def judge_records(
     record's "image" is the picture or the clip's frames (a list of PIL images, as the
     GenRM reward sends them) and its "prompt" the judge template filled in (``score``:
     the score variant's, answered "Score: 9" / "Score: 2"; ``split_negatives``: the
-    ``split`` kind too, at :data:`SPLIT_WEIGHTS`). ``kwargs``
+    ``split`` kind too, at :data:`SPLIT_WEIGHTS`; ``negative_weights``: another table of
+    the same kinds). A clip is sent as ``frames`` evenly spaced frames, the first and the
+    last always among them, as the GenRM reward sends a clip with ``max_frames``. ``kwargs``
     go to :func:`describe_records` (held-out exclusion by default)."""
+    if not 2 <= frames <= FRAMES:
+        raise ValueError(f"frames must be in [2, {FRAMES}], got {frames}")
+    keep = sorted({round(i * (FRAMES - 1) / (frames - 1)) for i in range(frames)})
     rng = np.random.default_rng([seed, 12])
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
     out = []
@@ -433,7 +440,7 @@ def judge_records(
         if positive:
             answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
         else:
-            table = SPLIT_WEIGHTS if split_negatives else NEGATIVE_WEIGHTS
+            table = negative_weights or (SPLIT_WEIGHTS if split_negatives else NEGATIVE_WEIGHTS)
             kinds = [k for k in table if k != "direction" or rec["direction"]]
             weights = np.asarray([table[k] for k in kinds])
             # a wrong value may name a held-out combination: redraw it, and after 20 tries
@@ -446,7 +453,7 @@ def judge_records(
                     break
             else:
                 raise RuntimeError(f"no negative of {rec['id']} avoids the held-out combinations")
-        media = [Image.fromarray(f) for f in rec["video"]] if "video" in rec else rec["image"]
+        media = [Image.fromarray(rec["video"][j]) for j in keep] if "video" in rec else rec["image"]
         verdict = "Yes" if positive else "No"
         out.append(
             {

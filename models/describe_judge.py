@@ -76,15 +76,18 @@ def judge_metrics(policy, records: list[dict]) -> dict[str, float]:
     return out
 
 
-def eval_sets(n: int, *, split: str, seed: int = 0) -> dict[str, list[dict]]:
-    """{"seen": trained combinations, "heldout": the split's held-out combinations}."""
+def eval_sets(n: int, *, split: str, seed: int = 0, frames: int = 4) -> dict[str, list[dict]]:
+    """{"seen": trained combinations, "heldout": the split's held-out combinations}; clips
+    sent as ``frames`` frames."""
     pairs, triples = (
         (HELDOUT_VAL, MOTION_HELDOUT_VAL) if split == "val" else (HELDOUT_TEST, MOTION_HELDOUT_TEST)
     )
     base = 50_000 if split == "val" else 60_000
     return {
-        "seen": judge_records(n, seed=base + seed),
-        "heldout": judge_records(n, seed=base + 1 + seed, only_pairs=pairs, only_triples=triples),
+        "seen": judge_records(n, seed=base + seed, frames=frames),
+        "heldout": judge_records(
+            n, seed=base + 1 + seed, only_pairs=pairs, only_triples=triples, frames=frames
+        ),
     }
 
 
@@ -97,6 +100,9 @@ def training_batch(
     score_share=0.15,
     named_share: float = 0.0,
     split_negatives: bool = False,
+    video_fraction: float = 0.25,
+    frames: int = 4,
+    negative_weights: dict[str, float] | None = None,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
@@ -118,9 +124,14 @@ def training_batch(
         seed=seed,
         extra_colours=extra_colours,
         split_negatives=split_negatives,
+        video_fraction=video_fraction,
+        frames=frames,
+        negative_weights=negative_weights,
     )
     if n_score:
-        out += judge_records(n_score, seed=seed + 41, extra_colours=extra_colours, score=True)
+        out += judge_records(
+            n_score, seed=seed + 41, extra_colours=extra_colours, score=True, frames=frames
+        )
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     if n_named:
@@ -146,6 +157,9 @@ def train_describe_judge(
     base_share: float = 0.3,
     named_share: float = 0.0,
     split_negatives: bool = False,
+    video_fraction: float = 0.25,
+    frames: int = 4,
+    negative_weights: dict[str, float] | None = None,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -169,7 +183,7 @@ def train_describe_judge(
     model = policy.module()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    val = eval_sets(n_eval, split="val", seed=seed)
+    val = eval_sets(n_eval, split="val", seed=seed, frames=frames)
     best: dict[str, Any] = {"score": -1.0}
     t0 = time.perf_counter()
     schedule = cosine_schedule(opt, steps, floor=0.1)
@@ -182,6 +196,9 @@ def train_describe_judge(
             base_share=base_share,
             named_share=named_share,
             split_negatives=split_negatives,
+            video_fraction=video_fraction,
+            frames=frames,
+            negative_weights=negative_weights,
         )
         loss = sft_step(policy, opt, batch, params)
         schedule.step()
@@ -198,7 +215,10 @@ def train_describe_judge(
                 best = {"score": score, "step": step, "val": m}
                 policy.save(str(out_dir))
     final = VLMPolicy.load(str(out_dir), max_prompt_tokens=max_prompt_tokens)
-    test = {k: judge_metrics(final, v) for k, v in eval_sets(n_eval, split="test").items()}
+    test = {
+        k: judge_metrics(final, v)
+        for k, v in eval_sets(n_eval, split="test", frames=frames).items()
+    }
     say(f"[describe-judge] kept step {best['step']}; test {test}")
     return {
         "best_step": best["step"],

@@ -127,6 +127,28 @@ def test_genrm_sends_image_or_clip_frames():
         g(["x"], [{"prompt": "q"}])
 
 
+def test_judge_records_send_the_frames_genrm_sends():
+    """A clip in the judge's data is the frames GenRM sends with the same max_frames: the
+    first and the last always, evenly spaced between."""
+    recs = d.describe_records(8, seed=5)
+    clip = next(r for r in recs if "video" in r)
+    for frames, picked in ((2, [0, 3]), (3, [0, 2, 3]), (4, [0, 1, 2, 3])):
+        judged = d.judge_records(8, seed=5, frames=frames)
+        got = next(r for r in judged if r["id"] == clip["id"])["image"]
+        assert [np.asarray(im).tolist() for im in got] == [
+            clip["video"][j].tolist() for j in picked
+        ]
+        cap = _Capture()
+        g = GenRMReward(
+            cap, mode="yes_prob", template="yes_no_shows", image_key="media", max_frames=frames
+        )
+        g(["x"], [{"prompt": d.DESCRIBE_VIDEO, "video": clip["video"]}])
+        sent = [p for p in cap.bodies[0]["messages"][-1]["content"] if p["type"] == "image_url"]
+        assert len(sent) == frames
+    with pytest.raises(ValueError, match="frames"):
+        d.judge_records(4, seed=0, frames=1)
+
+
 def test_judge_records_balance_images_and_clips():
     recs = d.judge_records(160, seed=2)
     for task in ("describe_image", "describe_video"):
