@@ -80,6 +80,9 @@ SCORE_TEMPLATE = (
     "N from 1 (wrong) to 10 (correct)."
 )
 SCORE_ANSWERS = {"Yes": "Score: 9", "No": "Score: 2"}
+# a drill for the judge: which way a clip's object moves, asked outright (a yes/no
+# question about a whole description carries little signal about motion)
+DIRECTION_QUESTION = "Which way does the object move? Answer left, right, up or down."
 JUDGE_NEGATIVES = (
     "colour",
     "shape",
@@ -429,7 +432,6 @@ def judge_records(
     go to :func:`describe_records` (held-out exclusion by default)."""
     if not 2 <= frames <= FRAMES:
         raise ValueError(f"frames must be in [2, {FRAMES}], got {frames}")
-    keep = sorted({round(i * (FRAMES - 1) / (frames - 1)) for i in range(frames)})
     rng = np.random.default_rng([seed, 12])
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
     out = []
@@ -453,7 +455,7 @@ def judge_records(
                     break
             else:
                 raise RuntimeError(f"no negative of {rec['id']} avoids the held-out combinations")
-        media = [Image.fromarray(rec["video"][j]) for j in keep] if "video" in rec else rec["image"]
+        media = clip_frames(rec["video"], frames) if "video" in rec else rec["image"]
         verdict = "Yes" if positive else "No"
         out.append(
             {
@@ -468,3 +470,37 @@ def judge_records(
         )
     order = rng.permutation(n)
     return [out[i] for i in order]
+
+
+def clip_frames(video: np.ndarray, frames: int) -> list[Image.Image]:
+    """``frames`` evenly spaced frames of a clip, the first and the last always among
+    them: what the GenRM reward sends for a clip with ``max_frames=frames``.
+
+    >>> clip = (np.arange(4)[:, None, None, None] * np.ones((4, 2, 2, 3))).astype(np.uint8)
+    >>> [int(np.asarray(f)[0, 0, 0]) for f in clip_frames(clip, 2)]
+    [0, 3]
+    """
+    t = len(video)
+    if not 2 <= frames:
+        raise ValueError(f"frames must be >= 2, got {frames}")
+    keep = sorted({round(i * (t - 1) / (min(frames, t) - 1)) for i in range(min(frames, t))})
+    return [Image.fromarray(np.asarray(video[j])) for j in keep]
+
+
+def direction_records(n: int, *, seed: int, frames: int = FRAMES, **kwargs) -> list[dict]:
+    """``n`` clips asked :data:`DIRECTION_QUESTION`, answered with the true direction
+    (a judge's drill in reading motion; drawn from ground truth, held-out triples and
+    pairs excluded by default). ``kwargs`` go to :func:`describe_records`."""
+    out = []
+    for r in describe_records(n, seed=seed, video_fraction=1.0, **kwargs):
+        out.append(
+            {
+                **{k: r[k] for k in ("id", "colour", "shape", "direction", "task")},
+                "image": clip_frames(r["video"], frames),
+                "prompt": DIRECTION_QUESTION,
+                "answer": r["direction"],
+                "verdict": None,
+                "negative_type": None,
+            }
+        )
+    return out

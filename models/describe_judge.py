@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mmyatt.datasets.describe import JUDGE_NEGATIVES, judge_records
+from mmyatt.datasets.describe import JUDGE_NEGATIVES, direction_records, judge_records
 from mmyatt.datasets.shapes import (
     HELDOUT_TEST,
     HELDOUT_VAL,
@@ -103,6 +103,7 @@ def training_batch(
     video_fraction: float = 0.25,
     frames: int = 4,
     negative_weights: dict[str, float] | None = None,
+    direction_share: float = 0.0,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
@@ -119,8 +120,9 @@ def training_batch(
     n_base = int(round(n * base_share))
     n_score = int(round(n * score_share))
     n_named = int(round(n * named_share))
+    n_dir = int(round(n * direction_share))
     out = judge_records(
-        n - n_base - n_score - n_named,
+        n - n_base - n_score - n_named - n_dir,
         seed=seed,
         extra_colours=extra_colours,
         split_negatives=split_negatives,
@@ -132,6 +134,8 @@ def training_batch(
         out += judge_records(
             n_score, seed=seed + 41, extra_colours=extra_colours, score=True, frames=frames
         )
+    if n_dir:
+        out += direction_records(n_dir, seed=seed + 67, frames=frames, extra_colours=extra_colours)
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     if n_named:
@@ -160,6 +164,7 @@ def train_describe_judge(
     video_fraction: float = 0.25,
     frames: int = 4,
     negative_weights: dict[str, float] | None = None,
+    direction_share: float = 0.0,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -199,6 +204,7 @@ def train_describe_judge(
             video_fraction=video_fraction,
             frames=frames,
             negative_weights=negative_weights,
+            direction_share=direction_share,
         )
         loss = sft_step(policy, opt, batch, params)
         schedule.step()
