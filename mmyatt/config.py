@@ -266,6 +266,9 @@ class PlacementConfig:
     profile_all_modes: bool = False
     reevaluate_every: int = 10  # auto: steps between re-evaluations
     drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much
+    # auto: how much faster a role may run alone than it was measured beside the other one
+    # (partial); a plan that could then beat the best by 3% is measured, not just predicted
+    explore_margin: float = 0.15
     log_memory: bool = True  # per-phase peak RSS (placement/peak_rss_mb_<phase>)
     # Karmarkar-Karp over the controllers each step: every rank trains the same number of
     # samples with nearly the same work (text tokens, denoising transitions); only token /

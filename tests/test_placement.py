@@ -1,5 +1,5 @@
-"""Placement: mapping checks and their messages, the core pool, and auto's choice on
-synthetic cost profiles (hand-worked predictions)."""
+"""Placement: mapping checks and their messages, the core pool, the judge's release.
+Auto's choice on synthetic cost profiles: tests/test_placement_auto.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from mmyatt.config import ConfigError, RunConfig, apply_override, build, load_config
 from mmyatt.placement import resources as res
-from mmyatt.placement.auto import AutoPlacer, CostModel, Measure, pipeline
 from mmyatt.placement.config import check_placement, make_plan
 
 JUDGE = [
@@ -118,97 +117,6 @@ def test_pin_process_moves_every_thread_and_sets_threads():
     assert sorted(os.sched_getaffinity(0)) == before
 
 
-def test_pipeline_math():
-    # 4 chunks: generation 8 s, judging 4 s; the judge finishes 1 s after the last chunk
-    assert pipeline(8.0, 4.0, 4) == pytest.approx(9.0)
-    assert pipeline(2.0, 8.0, 4) == pytest.approx(8.5)  # judge-bound: waits for chunk 1
-    assert pipeline(3.0, 3.0, 1) == pytest.approx(6.0)  # one chunk: nothing overlaps
-
-
-def _measure(mode, r, j, gen, judge, reload=0.0, train=1.0, rest=0.0, chunks=4):
-    from mmyatt.placement.auto import pipeline as pl
-
-    phases = gen + reload + judge if mode == "colocate" else pl(gen, judge, chunks)
-    return Measure(
-        mode, r, j, gen, judge, reload, train, phases + rest, phases + rest + train, chunks
-    )
-
-
-PLANS = [make_plan("colocate", (0, 1)), make_plan("partial", (0, 1), 1, 1)]
-
-
-def _profiled(colo: Measure, part: Measure, **kw) -> AutoPlacer:
-    a = AutoPlacer(PLANS, has_judge=True, start_partial=PLANS[1], profile=1, profile_all=True, **kw)
-    seen = []
-    for m in (colo, colo, part):  # warm-up, colocate profile, partial profile
-        plan, _ = a.next_plan()
-        seen.append(plan.mode)
-        a.observe(m)
-    assert seen == ["colocate", "colocate", "partial"]
-    return a
-
-
-def test_auto_picks_partial_when_the_judge_costs_as_much_as_rollout():
-    colo = _measure("colocate", 2, 2, gen=4.0, judge=4.0, reload=0.5)
-    part = _measure("partial", 1, 1, gen=6.0, judge=6.0)  # measured: 1 core each, 4 chunks
-    a = _profiled(colo, part)
-    plan, line = a.next_plan()
-    assert plan.mode == "partial" and "picks partial 1:1" in line
-    # hand-worked: colocate 4 + 0.5 + 4 + 1 = 9.5; partial max(6 + 1.5, 6 + 1.5) + 1 = 8.5
-    assert a.predictions["colocate"] == pytest.approx(9.5)
-    assert a.predictions["partial 1:1"] == pytest.approx(8.5)
-
-
-def test_auto_picks_colocate_when_rollout_dominates():
-    colo = _measure("colocate", 2, 2, gen=6.0, judge=0.5, reload=0.1)
-    part = _measure("partial", 1, 1, gen=11.0, judge=0.9)
-    a = _profiled(colo, part)
-    plan, _ = a.next_plan()
-    assert plan.mode == "colocate"
-    assert a.predictions["colocate"] == pytest.approx(6.0 + 0.1 + 0.5 + 1.0)
-    assert a.predictions["partial 1:1"] == pytest.approx(11.0 + 0.9 / 4 + 1.0)
-
-
-def test_auto_without_a_judge_never_runs_partial():
-    a = AutoPlacer(PLANS, has_judge=False, start_partial=PLANS[1], profile=1)
-    modes = []
-    for _ in range(5):
-        plan, _ = a.next_plan()
-        modes.append(plan.mode)
-        a.observe(_measure("colocate", 2, 0, gen=4.0, judge=0.0))
-    assert modes == ["colocate"] * 5
-    assert a.predictions["partial 1:1"] == pytest.approx(8.0 + 1.0)  # 4 s on 2 cores -> 8 on 1
-
-
-def test_auto_switches_when_the_judge_cost_drifts():
-    # one core each in partial is slower than two, but not twice (as tiny models measure)
-    colo = _measure("colocate", 2, 2, gen=4.0, judge=0.5, reload=0.1)
-    part = _measure("partial", 1, 1, gen=5.0, judge=0.6)
-    a = _profiled(colo, part, every=100)
-    plan, _ = a.next_plan()
-    assert plan.mode == "colocate"
-    a.observe(colo)
-    plan, line = a.next_plan()
-    assert line is None  # nothing moved, not due: no re-evaluation
-    a.observe(_measure("colocate", 2, 2, gen=4.0, judge=5.0, reload=0.1))  # judge x10
-    plan, line = a.next_plan()
-    assert line.startswith("drift (judge x10.00)")
-    assert plan.mode == "partial"
-    # the partial judge time was scaled by the same factor: 0.6 s -> 6 s on one core
-    assert a.model.judge[("partial", 1)] == pytest.approx(6.0)
-    # hand-worked: colocate 4 + 0.1 + 5 + 1 = 10.1; partial max(5 + 1.5, 6 + 1.25) + 1 = 8.25
-    assert a.predictions["colocate"] == pytest.approx(10.1)
-    assert a.predictions["partial 1:1"] == pytest.approx(8.25)
-
-
-def test_cost_model_scales_an_unmeasured_core_count_by_cores():
-    m = CostModel(cores=4, has_judge=True)
-    m.observe(_measure("colocate", 4, 4, gen=2.0, judge=1.0))
-    assert m.gen_time("colocate", 1) == pytest.approx(8.0)
-    assert m.judge_time(2) == pytest.approx(2.0)
-    assert m.predict(make_plan("partial", (0, 1, 2, 3), 3, 1)) is not None
-
-
 def test_a_judge_without_placement_routes_keeps_shared_running_and_fails_pinning_clearly():
     import http.server
     import threading
@@ -235,57 +143,6 @@ def test_a_judge_without_placement_routes_keeps_shared_running_and_fails_pinning
             jc.place([0], 1)
     finally:
         srv.shutdown()
-
-
-PLANS3 = [make_plan("shared", (0, 1)), *PLANS]
-
-
-def _steps(a: AutoPlacer, measures) -> list[tuple[str, str | None]]:
-    out = []
-    for m in measures:
-        plan, line = a.next_plan()
-        out.append((plan.mode, line))
-        a.observe(m(plan) if callable(m) else m)
-    return out
-
-
-def test_auto_with_a_judge_starts_partial_and_predicts_the_rest():
-    part = _measure("partial", 1, 1, gen=6.0, judge=6.0)  # 4 chunks, train 1
-    a = AutoPlacer(PLANS3, has_judge=True, start_partial=PLANS[1], profile=1)
-    assert [m for m, _ in _steps(a, [part, part])] == ["partial", "partial"]  # warm-up, profile
-    plan, line = a.next_plan()
-    assert plan.mode == "partial" and line.startswith("profiled: auto picks partial 1:1")
-    # hand-worked: partial max(6 + 1.5, 6 + 1.5) + 1 = 8.5; shared: generation on 2 cores
-    # 6 / 2 = 3, the judge not assumed faster on more cores: 6, + train 1 = 10; colocate
-    # the same with no reload measured yet
-    assert a.predictions == pytest.approx({"partial 1:1": 8.5, "shared": 10.0, "colocate": 10.0})
-
-
-def test_auto_measures_a_predicted_switch_then_chooses_again():
-    part = _measure("partial", 1, 1, gen=10.0, judge=1.0)
-    shared = _measure("shared", 2, 2, gen=5.5, judge=1.2)
-    a = AutoPlacer(PLANS3, has_judge=True, start_partial=PLANS[1], profile=1)
-    _steps(a, [part, part])
-    plan, line = a.next_plan()
-    # partial max(10 + 0.25, 1 + 2.5) + 1 = 11.25; shared 10 / 2 + 1 + 1 = 7 (colocate
-    # ties with it: the first, shared, is taken)
-    assert plan.mode == "shared" and "picks shared" in line
-    assert a.predictions["partial 1:1"] == pytest.approx(11.25)
-    assert a.predictions["shared"] == pytest.approx(7.0)
-    a.observe(shared)  # the switch measured: 5.5 + 1.2 + 1 = 7.7
-    plan, line = a.next_plan()
-    assert plan.mode == "shared" and line.startswith("measured shared: auto keeps shared")
-    assert a.predictions["shared"] == pytest.approx(7.7)
-    a.observe(shared)
-    assert a.next_plan() == (PLANS3[0], None)  # nothing due
-
-
-def test_auto_without_a_judge_starts_shared_and_keeps_it():
-    a = AutoPlacer(PLANS3, has_judge=False, start_partial=PLANS[1], profile=1)
-    shared = _measure("shared", 2, 2, gen=4.0, judge=0.0)
-    assert [m for m, _ in _steps(a, [shared] * 5)] == ["shared"] * 5
-    # colocate: the same measured roles, no judge to reload; partial: 4 s on 2 cores -> 8
-    assert a.predictions == pytest.approx({"shared": 5.0, "colocate": 5.0, "partial 1:1": 9.0})
 
 
 def test_judge_sleep_gives_the_weights_memory_back_and_wake_reloads(tmp_path):

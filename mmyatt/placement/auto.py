@@ -3,29 +3,42 @@
 Each step's measurement (reduced over controllers) gives, for the mode it ran in:
 ``gen_s`` (generation wall time on the rollout cores; in partial mode with the judge
 running alongside), ``judge_s`` (the judge servers' busy time), ``reload_s`` (judge
-weights reloaded), ``train_s`` (advantage + log-probs + update on every core) and
-``collect_s`` (all of generate + score as the mode ran them) and ``step_s``. The model keeps the latest (smoothed) time of each role per core count it
-was measured at, and predicts
+weights reloaded), ``train_s`` (advantage + log-probs + update on every core),
+``collect_s`` (all of generate + score as the mode ran them) and ``step_s``. The model
+keeps the latest (smoothed) time of each role: generation per (mode, rollout cores), the
+judge per (mode, judge threads), and predicts
 
-- shared on C cores: gen(C) + judge(C) + train + rest_shared (nothing pinned)
-- colocate on C cores: gen(C) + reload + judge(C) + train + rest_colocate
+- shared: gen(C) + judge(t_shared) + train + rest_shared (nothing pinned; the judge runs
+  on its configured threads, reward.judge.threads)
+- colocate: gen(C) + reload + judge(t_colocate) + train + rest_colocate (the judge on
+  placement.judge_threads, one per core by default)
 - partial on r + j cores: pipeline(gen(r), judge(j), chunks) + train + rest_partial,
   where the judge scores each finished chunk while the next one is generated:
   pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks
 
-Each time is kept per (mode, core count) as measured. An unmeasured one is derived from
-the nearest measured core count: generation (one process per controller) by the ratio
-of core counts (work conserved); the judge (one server process, whose extra threads
-may not help) is slowed by the ratio when it gets fewer cores but never assumed faster
-with more than it was measured at. ``rest_*`` is what a mode's measured step held
+A time not measured at its own key is derived from the nearest measurement of the same
+mode, else of a mode that ran the role the same way (alone, or beside the other role as
+partial runs it), else of any mode. Generation (one process per controller) scales by
+the ratio of core counts (work conserved). The judge is slowed by the ratio of threads
+when it gets fewer, and its point prediction never assumes it faster with more.
+
+Two predictions per plan: the point prediction above, and an optimistic one, where a
+derived judge time scales ideally with threads and a role measured beside the other one
+(in partial) may run ``explore_margin`` faster alone. A plan whose optimistic prediction
+beats the best estimate by ``min_gain`` is worth measuring (explored); the chooser then
+compares measured step times (median of the plan's recent steps) where it has them and
+point predictions where it does not. ``rest_*`` is what a mode's measured step held
 beyond the modelled phases (barriers, HTTP, stragglers, judge sleep calls); an
-unmeasured mode gets the smallest measured one. When a role's time moves by more than the drift
-threshold, every stored time of that role is scaled by the same factor (the work
-changed, not the machine) and the choice is re-evaluated.
+unmeasured mode gets the smallest measured one. When a role's time moves by more than
+the drift threshold, every stored time of that role is scaled by the same factor (the
+work changed, not the machine), the measured step times start over, and the choice is
+made again at once from the scaled model.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mmyatt.placement.config import CorePlan
@@ -45,6 +58,7 @@ class Measure:
     collect_s: float  # generate + score, as the mode ran them (the step less training)
     step_s: float
     chunks: int = 1
+    judge_threads: int = 0  # the judge's threads in this mode (0: one per judge core)
 
 
 def pipeline(g: float, judge: float, n: int) -> float:
@@ -53,32 +67,52 @@ def pipeline(g: float, judge: float, n: int) -> float:
     return max(g + judge / n, judge + g / n)
 
 
+def _overlapped(mode: str) -> bool:
+    """Roles run beside each other (partial) rather than alone."""
+    return mode == "partial"
+
+
 @dataclass
 class CostModel:
     cores: int
     has_judge: bool
     smoothing: float = 0.5  # weight of the newest measurement
     drift_threshold: float = 0.25
+    explore_margin: float = 0.15  # optimistic: how much faster a role may run alone
     gen: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, cores) -> s
-    judge: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, cores) -> s
+    judge: dict[tuple[str, int], float] = field(default_factory=dict)  # (mode, threads) -> s
     reload: float = 0.0
     train: float | None = None
     rest: dict[str, float] = field(default_factory=dict)  # mode -> s
     chunks: int = 1
+    # the judge's threads in a plan (shared: reward.judge.threads, colocate:
+    # placement.judge_threads); default one per judge core
+    threads_of: Callable[[CorePlan], int] | None = None
+    _suspect: dict = field(default_factory=dict)  # role -> (ratio, key) of a first move
 
     def _update(self, table: dict, key, value: float) -> float | None:
         """Store value at key; returns the drift factor when it moved past the threshold
-        (and scales the role's other entries by it), else None."""
+        in two measurements running, the same way (one step's spike is noise, not a
+        change of work), and then scales the role's other entries by it; else None."""
         old = table.get(key)
+        role = id(table)
         if old is None or old <= 0:
             table[key] = value
+            self._suspect.pop(role, None)
             return None
         ratio = value / old
         if abs(ratio - 1.0) > self.drift_threshold:
+            first = self._suspect.get(role)
+            if first is None or (first[0] > 1) != (ratio > 1) or first[1] != key:
+                self._suspect[role] = (ratio, key)  # wait for the next measurement
+                return None
+            del self._suspect[role]
+            ratio = (first[0] + ratio) / 2
             for k in table:
                 table[k] *= ratio
             table[key] = value
             return ratio
+        self._suspect.pop(role, None)
         table[key] = (1 - self.smoothing) * old + self.smoothing * value
         return None
 
@@ -88,57 +122,63 @@ class CostModel:
         d = self._update(self.gen, (m.mode, m.rollout_cores), m.gen_s)
         if d is not None:
             drifts.append(f"generate x{d:.2f}")
+        threads = m.judge_threads or m.judge_cores
         if self.has_judge:
-            d = self._update(self.judge, (m.mode, m.judge_cores), m.judge_s)
+            d = self._update(self.judge, (m.mode, threads), m.judge_s)
             if d is not None:
                 drifts.append(f"judge x{d:.2f}")
         if m.mode == "colocate":
             self.reload = m.reload_s if self.reload == 0 else 0.5 * (self.reload + m.reload_s)
         self.train = m.train_s if self.train is None else 0.5 * (self.train + m.train_s)
         self.chunks = max(1, m.chunks) if m.mode == "partial" else self.chunks
-        model = self._phases(m.mode, m.rollout_cores, m.judge_cores)
-        if model is not None:
+        model = self._phases(m.mode, m.rollout_cores, threads)
+        if model is not None and not self._suspect:  # not while a role's move is unconfirmed
             rest = max(0.0, m.collect_s - model)
             old = self.rest.get(m.mode)
             self.rest[m.mode] = rest if old is None else 0.5 * (old + rest)
         return drifts
 
-    def _scaled(
-        self, table: dict, key, cores: int, match=None, speedup: bool = True
+    def _derived(
+        self, table: dict, mode: str, amount: int, judge: bool, optimistic: bool
     ) -> float | None:
-        if key in table:
-            return table[key]
-        near = [(k, v) for k, v in table.items() if match is None or match(k)]
-        if not near:
+        """The role's time in ``mode`` at ``amount`` cores (generation) or threads (the
+        judge): measured if stored, else derived from the nearest measurement (module
+        docstring)."""
+        if (mode, amount) in table:
+            return table[(mode, amount)]
+        if not table:
             return None
-        k, v = min(near, key=lambda kv: (abs(kv[0][1] - cores), kv[1]))
-        c0 = k[1]
-        if not speedup and cores >= c0:
-            return v
-        return v * c0 / max(1, cores)
 
-    def gen_time(self, mode: str, cores: int) -> float | None:
-        # partial generates chunk by chunk: prefer partial's own measurements, else scale
-        exact = self.gen.get((mode, cores))
-        if exact is not None:
-            return exact
-        same = self._scaled(self.gen, (mode, cores), cores, match=lambda k: k[0] == mode)
-        return same if same is not None else self._scaled(self.gen, (mode, cores), cores)
+        def rank(kv):
+            (m, a), v = kv
+            same_way = _overlapped(m) == _overlapped(mode)
+            return (m != mode, not same_way, abs(a - amount), v)
 
-    def judge_time(self, cores: int, mode: str | None = None) -> float | None:
+        (m0, a0), v = min(table.items(), key=rank)
+        if judge:
+            if amount < a0:
+                v = v * a0 / max(1, amount)  # fewer threads: slower by the ratio
+            elif optimistic:
+                v = v * a0 / max(1, amount)  # more threads: ideal speed-up at best
+        else:
+            v = v * a0 / max(1, amount)  # work conserved over the cores
+        if optimistic and _overlapped(m0) and not _overlapped(mode):
+            v *= (
+                1.0 - self.explore_margin
+            )  # measured beside the other role; alone it may run faster
+        return v
+
+    def gen_time(self, mode: str, cores: int, optimistic: bool = False) -> float | None:
+        return self._derived(self.gen, mode, cores, False, optimistic)
+
+    def judge_time(self, threads: int, mode: str, optimistic: bool = False) -> float | None:
         if not self.has_judge:
             return 0.0
-        if mode is not None:
-            same = self._scaled(
-                self.judge, (mode, cores), cores, match=lambda k: k[0] == mode, speedup=False
-            )
-            if same is not None:
-                return same
-        return self._scaled(self.judge, (mode, cores), cores, speedup=False)
+        return self._derived(self.judge, mode, threads, True, optimistic)
 
-    def _phases(self, mode: str, r: int, j: int) -> float | None:
-        g = self.gen_time(mode, r)
-        jt = self.judge_time(j, mode)
+    def _phases(self, mode: str, r: int, t: int, optimistic: bool = False) -> float | None:
+        g = self.gen_time(mode, r, optimistic)
+        jt = self.judge_time(t, mode, optimistic)
         if g is None or jt is None:
             return None
         if mode == "shared":
@@ -147,9 +187,12 @@ class CostModel:
             return g + (self.reload if self.has_judge else 0.0) + jt
         return pipeline(g, jt, self.chunks) if self.has_judge else g
 
-    def predict(self, plan: CorePlan) -> float | None:
+    def threads(self, plan: CorePlan) -> int:
+        return self.threads_of(plan) if self.threads_of is not None else len(plan.judge)
+
+    def predict(self, plan: CorePlan, optimistic: bool = False) -> float | None:
         """Predicted step seconds of ``plan``; None while a needed role is unmeasured."""
-        phases = self._phases(plan.mode, len(plan.rollout), len(plan.judge))
+        phases = self._phases(plan.mode, len(plan.rollout), self.threads(plan), optimistic)
         if phases is None or self.train is None:
             return None
         rest = self.rest.get(plan.mode, min(self.rest.values(), default=0.0))
@@ -157,18 +200,21 @@ class CostModel:
 
 
 class AutoPlacer:
-    """Profiles, predicts, picks; re-evaluates every ``every`` steps or on drift.
+    """Profiles, predicts, explores, picks; re-evaluates every ``every`` steps or on drift.
 
     Schedule (``profile_all=False``, the default): step 1 runs the starting plan and is
     not measured (warm-up): partial at ``start_partial``'s split when a judge serves the
     reward (judging can overlap generation), else shared; then ``profile`` measured
-    steps of it; then the plan with the lowest predicted step time, the others
-    predicted from the measured roles. A plan it switches to is measured for
-    ``profile`` steps and the choice made again with both measured, so a prediction
-    that was wrong costs ``profile`` steps. ``profile_all=True``: warm-up and
-    ``profile`` steps of colocate, then ``profile`` steps of partial (with a judge),
-    then the choice. Without a judge, partial's judge cores would idle and it is
-    predicted, not run."""
+    steps of it. At each decision, a plan not yet measured whose optimistic prediction
+    beats the best estimate by ``min_gain`` is measured for ``profile`` steps (the most
+    promising first, one at a time); otherwise the plan with the lowest estimate is
+    taken: the median of its recent measured steps, or the point prediction where it
+    has none (and then it is measured for ``profile`` steps before the choice is made
+    again). Without a judge colocate is not a candidate: its phases are shared's, with
+    nothing to release. ``profile_all=True``: warm-up and ``profile`` steps of colocate,
+    then ``profile`` steps of partial (with a judge), then the choice."""
+
+    window = 5  # recent steps per plan whose median is its measured estimate
 
     def __init__(
         self,
@@ -181,11 +227,21 @@ class AutoPlacer:
         drift_threshold: float = 0.25,
         min_gain: float = 0.03,
         profile_all: bool = False,
+        explore_margin: float = 0.15,
+        judge_threads: Callable[[CorePlan], int] | None = None,
     ):
-        self.candidates = candidates
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
-        self.model = CostModel(len(self.colocate.cores), has_judge, drift_threshold=drift_threshold)
+        if not has_judge and not profile_all and any(p.mode == "shared" for p in candidates):
+            candidates = [p for p in candidates if p.mode != "colocate"]
+        self.candidates = candidates
+        self.model = CostModel(
+            len(self.colocate.cores),
+            has_judge,
+            drift_threshold=drift_threshold,
+            explore_margin=explore_margin,
+            threads_of=judge_threads,
+        )
         shared = [p for p in candidates if p.mode == "shared"]
         if profile_all:
             self.queue: list[CorePlan] = [self.colocate] * (1 + profile)
@@ -201,13 +257,20 @@ class AutoPlacer:
         self.every, self.min_gain = every, min_gain
         self.current: CorePlan = self.queue[0]
         self.since = 0
+        self.steps: dict[str, list[float]] = {}  # plan -> measured step s since the last drift
         self.predictions: dict[str, float] = {}
+        self.estimates: dict[str, float] = {}
         self.reason = "profiling"
         self.pending_reason: str | None = None
 
     @staticmethod
     def key(plan: CorePlan) -> str:
         return f"partial {plan.split}" if plan.mode == "partial" else plan.mode
+
+    def measured(self, plan: CorePlan) -> float | None:
+        """Median of the plan's recent measured step times since the last drift."""
+        vals = self.steps.get(self.key(plan))
+        return statistics.median(vals[-self.window :]) if vals else None
 
     def next_plan(self) -> tuple[CorePlan, str | None]:
         """The plan of the coming step, and a line to show when the choice changed."""
@@ -218,33 +281,55 @@ class AutoPlacer:
             return plan, (f"profiling {self.key(plan)}" if changed else None)
         if self.reason == "profiling":
             due = "profiled"
+        elif self.verify_in:
+            return self.current, None
         else:
             due = self.pending_reason or ("re-evaluation" if self.since >= self.every else None)
         if due is None:
             return self.current, None
         self.pending_reason = None
         self.since = 0
-        self.predictions = {
-            self.key(p): v for p in self.candidates if (v := self.model.predict(p)) is not None
-        }
-        if not self.predictions:
+        return self._decide(due)
+
+    def _decide(self, due: str) -> tuple[CorePlan, str | None]:
+        self.predictions, self.estimates, optimistic = {}, {}, {}
+        for p in self.candidates:
+            k = self.key(p)
+            v = self.model.predict(p)
+            if v is not None:
+                self.predictions[k] = v
+            m = self.measured(p)
+            if m is not None or v is not None:
+                self.estimates[k] = m if m is not None else v
+            if m is None and (o := self.model.predict(p, optimistic=True)) is not None:
+                optimistic[k] = o
+        if not self.estimates:
             return self.current, None
-        best = min(
-            (p for p in self.candidates if self.key(p) in self.predictions),
-            key=lambda p: self.predictions[self.key(p)],
-        )
-        now = self.predictions.get(self.key(self.current))
-        switch = now is None or self.predictions[self.key(best)] < (1 - self.min_gain) * now
+        known = [p for p in self.candidates if self.key(p) in self.estimates]
+        best = min(known, key=lambda p: self.estimates[self.key(p)])
+        bar = (1 - self.min_gain) * self.estimates[self.key(best)]
         old = self.current
-        if switch:
-            self.current = best
-            measured = self.model.gen.get((best.mode, len(best.rollout))) is not None
-            if best != old and not measured:
-                self.verify_in = self.profile  # measure it, then choose again
+        explore = [p for p in self.candidates if optimistic.get(self.key(p), bar) < bar]
         self.reason = due
-        others = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(self.predictions.items()))
+        if explore:
+            p = min(explore, key=lambda p: optimistic[self.key(p)])
+            self.current, self.verify_in = p, self.profile
+            line = (
+                f"{due}: auto measures {self.key(p)} (at best {optimistic[self.key(p)]:.2f}s, "
+                f"against {self.key(best)} {self.estimates[self.key(best)]:.2f}s)"
+            )
+            return self.current, line
+        now = self.estimates.get(self.key(self.current))
+        if now is None or self.estimates[self.key(best)] < (1 - self.min_gain) * now:
+            self.current = best
+            if best != old and self.measured(best) is None:
+                self.verify_in = self.profile  # measure it, then choose again
+        others = ", ".join(
+            f"{k} {v:.2f}s{'' if k in self.steps else ' predicted'}"
+            for k, v in sorted(self.estimates.items())
+        )
         verb = "picks" if self.current != old or due == "profiled" else "keeps"
-        return self.current, f"{due}: auto {verb} {self.key(self.current)} (predicted {others})"
+        return self.current, f"{due}: auto {verb} {self.key(self.current)} ({others})"
 
     def predicted(self, plan: CorePlan) -> float | None:
         return self.model.predict(plan)
@@ -255,10 +340,17 @@ class AutoPlacer:
             return []
         self.since += 1
         drifts = self.model.observe(m)
+        k = self.key(self.current)
         if drifts and not self.queue:
+            # the work changed: earlier step times no longer say what a plan costs (the
+            # step before this one, which first showed the move, is kept)
+            self.steps = {k: self.steps.get(k, [])[-1:] + [m.step_s]}
+            self.verify_in = 0
             self.pending_reason = "drift (" + ", ".join(drifts) + ")"
-        elif self.verify_in and not self.queue:
+            return drifts
+        self.steps.setdefault(k, []).append(m.step_s)
+        if self.verify_in and not self.queue:
             self.verify_in -= 1
             if self.verify_in == 0:
-                self.pending_reason = f"measured {self.key(self.current)}"
+                self.pending_reason = f"measured {k}"
         return drifts

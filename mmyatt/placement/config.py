@@ -139,6 +139,8 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
             raise _error(f"placement.{key} must be >= {low}, got {value}")
     if not p.drift_threshold > 0:
         raise _error(f"placement.drift_threshold must be > 0, got {p.drift_threshold}")
+    if not 0 <= p.explore_margin < 1:
+        raise _error(f"placement.explore_margin must be in [0, 1), got {p.explore_margin}")
     if p.mode == "shared":
         if p.cores or p.rollout_cores or p.judge_cores:
             raise _error(

@@ -82,12 +82,23 @@ class Placement:
                 every=p.reevaluate_every,
                 drift_threshold=p.drift_threshold,
                 profile_all=p.profile_all_modes,
+                explore_margin=p.explore_margin,
+                judge_threads=self.judge_threads,
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         self.predicted: float | None = None
         self._in_step = False
         self._acc: dict[str, float] = {}
         self._peaks: dict[str, float] = {}
+
+    def judge_threads(self, plan: CorePlan) -> int:
+        """The judge's torch threads (over all its servers) when ``plan`` runs."""
+        j = self.cfg.reward.judge
+        if plan.mode == "shared":
+            return j.threads * max(1, j.num_servers)
+        if plan.mode == "colocate":
+            return self.cfg.placement.judge_threads or len(plan.judge)
+        return len(plan.judge)
 
     # ------------------------------------------------------------------ step bookkeeping
     def _begin_step(self) -> None:
@@ -174,8 +185,7 @@ class Placement:
         res.set_threads(self.cfg.trainer.threads)
         if self.judges is not None:
             self.judges.wake()  # a no-op unless colocate dropped the weights
-            j = self.cfg.reward.judge
-            self._place_judge(plan.cores, j.threads * max(1, j.num_servers))
+            self._place_judge(plan.cores, self.judge_threads(plan))
 
     def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
@@ -195,7 +205,7 @@ class Placement:
         res.release_free_memory()  # generation's freed buffers back to the OS for the judge
         self._phase_start()
         if self.judges is not None:
-            self._place_judge(plan.judge, self.cfg.placement.judge_threads or len(plan.judge))
+            self._place_judge(plan.judge, self.judge_threads(plan))
             if self.cfg.placement.release_judge:
                 with timer("judge_reload"):
                     self.judges.wake()
@@ -367,6 +377,7 @@ class Placement:
                 collect_s=mx["collect"],
                 step_s=step,
                 chunks=int(total["chunks"] / W),
+                judge_threads=self.judge_threads(plan),
             )
             self.auto.observe(m)
         return out
