@@ -45,6 +45,23 @@ def test_partial_without_a_judge_is_generation_alone():
     assert r.step_s == pytest.approx(2.0 + 2.0)  # no judge, no reload
 
 
+def test_shared_judges_each_controller_when_its_batch_is_done():
+    # both controllers' batches take 2 core-s on 2 units: done at t=2; their 4 chunks
+    # (1 core-s of judging each) on the judge's 1 unit: t=6; + train 2 -> 8
+    p = prof(batch_gen_s=[[2.0], [2.0]])
+    assert simulate(p, "shared", 2).step_s == pytest.approx(8.0)
+    # uneven: controller 0 done at t=1, its 2 chunks judged 1..3 while controller 1 still
+    # generates; controller 1 done at t=3, judged 3..5; + train 2 -> 7
+    p = prof(batch_gen_s=[[1.0], [3.0]])
+    r = simulate(p, "shared", 2)
+    assert r.step_s == pytest.approx(7.0)
+    assert r.idle_frac_judge == pytest.approx(1 - 4.0 / 5.0)
+    # its own training time where the profile has one; 2 judge threads: 4 core-s in 2 s
+    p = prof(batch_gen_s=[[2.0], [2.0]], train_by_mode={"shared": 1.0}, shared_judge_units=2)
+    assert simulate(p, "shared", 2).step_s == pytest.approx(2.0 + 2.0 + 1.0)
+    assert simulate(prof(judge_sample_s=0.0), "shared", 2).step_s == pytest.approx(2.0 + 2.0)
+
+
 def test_sublinear_judge_makes_partial_win():
     # a judge that gains nothing from a second unit (eff 0): colocate judges 4 s after
     # generating 2 s; partial overlaps: as above but the judge keeps pace -> 8 s vs 8.5 s
@@ -75,7 +92,11 @@ def test_calibrate_reads_each_role_from_the_arm_that_ran_it(tmp_path):
             "step_s": step,
         }
 
-    wl = {"colocate": arm(1.0, 2.0, 0.5, 4.0, 0.1), "partial": arm(4.0, 3.0, 0.5, 5.0)}
+    wl = {
+        "colocate": arm(1.0, 2.0, 0.5, 4.0, 0.1),
+        "partial": arm(4.0, 3.0, 0.4, 5.0),
+        "shared": arm(9.0, 9.0, 9.0, 4.5),  # not read: shared is predicted from the others
+    }
     measured = {"stream_groups": 2, "judge_heavy": wl, "rollout_heavy": wl}
     p = calibrate(measured, "judge_heavy")
     # partial: 2 controllers shared one core for 4 s -> 2 core-s each, 2 chunks of 1 s
@@ -84,10 +105,17 @@ def test_calibrate_reads_each_role_from_the_arm_that_ran_it(tmp_path):
     assert p.judge_sample_s == pytest.approx(3.0 / 64)  # 64 samples judged on one core
     assert p.judge_eff == pytest.approx(3.0 / 2.0 - 1.0)  # 2 cores: 1.5x faster
     assert p.reload_s == 0.1 and p.train_s == 0.5
+    assert p.train_by_mode == {"partial": 0.4, "shared": 0.4} and p.shared_judge_units == 1
     path = tmp_path / "placement.json"
     path.write_text(json.dumps(measured))
     out = bench_placement_sim(quick=True, measured_path=path)
     assert {(r["workload"], r["mode"]) for r in out["validation"]} == {
-        (w, m) for w in ("judge_heavy", "rollout_heavy") for m in ("colocate", "partial")
+        (w, m) for w in ("judge_heavy", "rollout_heavy") for m in ("shared", "colocate", "partial")
     }
+    # shared (judge-heavy): both batches 1 s on their cores, 64 samples x 3/64 s on the
+    # judge's one thread: 1 + 3, + partial's training 0.4
+    row = next(
+        r for r in out["validation"] if r["mode"] == "shared" and r["workload"] == "judge_heavy"
+    )
+    assert row["predicted_step_s"] == pytest.approx(1.0 + 3.0 + 0.4)
     assert [r["gpus"] for r in out["at_scale"]] == [8, 64]

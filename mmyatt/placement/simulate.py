@@ -10,6 +10,10 @@ chunks) on its units. Training takes every unit for ``train_s``.
 - colocate: rollout on all units; all wait for the slowest controller (the long tail);
   the judge reloads its weights (``reload_s``) and scores every chunk on all units.
 - partial(r, j): rollout on r units and the judge on j at once, chunks streamed.
+- shared: rollout on all units, nothing pinned; each controller sends its samples when
+  its whole batch is done (no barrier), the judge serves them on its own
+  ``shared_judge_units`` (its configured threads) while a slower controller may still
+  generate.
 
 Costs (``Profile``) are core-seconds per chunk of generation (one value per chunk, so a
 measured length distribution enters through them) and per sample of judging, with a
@@ -36,7 +40,9 @@ class Profile:
     train_s: float = 0.0
     rest_s: dict = field(default_factory=dict)  # mode -> fixed per-step overhead
     judge_batch: int = 64  # chunks per judge batch
-    batch_gen_s: list[list[float]] | None = None  # colocate: one batch per controller
+    batch_gen_s: list[list[float]] | None = None  # colocate, shared: one batch per controller
+    shared_judge_units: int = 1  # shared: the judge's own threads (reward.judge.threads)
+    train_by_mode: dict = field(default_factory=dict)  # mode -> train_s where it differs
 
 
 @dataclass
@@ -51,8 +57,8 @@ def _judge_speed(units: int, eff: float) -> float:
 
 
 def _rollout(chunks: list[list[float]], units: int, on_done=None) -> float:
-    """Processor sharing of P controllers over ``units``; calls on_done(t, samples) for
-    each chunk as it finishes. Returns when the last controller is done."""
+    """Processor sharing of P controllers over ``units``; calls on_done(t, i) for each
+    chunk of controller i as it finishes. Returns when the last controller is done."""
     pos = [0] * len(chunks)
     left = [c[0] if c else 0.0 for c in chunks]
     t = 0.0
@@ -67,7 +73,7 @@ def _rollout(chunks: list[list[float]], units: int, on_done=None) -> float:
             left[i] -= dt * rate
             if left[i] <= 1e-12:
                 if on_done is not None:
-                    on_done(t)
+                    on_done(t, i)
                 pos[i] += 1
                 left[i] = chunks[i][pos[i]] if pos[i] < len(chunks[i]) else 0.0
 
@@ -91,8 +97,22 @@ def _judge(arrivals: list[float], p: Profile, units: int) -> tuple[float, float]
 def simulate(p: Profile, mode: str, units: int, rollout: int = 0, judge: int = 0) -> Result:
     has_judge = p.judge_sample_s > 0
     rest = p.rest_s.get(mode, 0.0)
+    train = p.train_by_mode.get(mode, p.train_s)
     n = sum(len(c) for c in p.chunk_gen_s)
-    if mode == "colocate":
+    if mode == "shared":
+        batches = p.batch_gen_s or p.chunk_gen_s
+        gen_work = sum(sum(c) for c in batches)
+        done: dict[int, float] = {}
+        gen = _rollout(batches, units, lambda t, i: done.__setitem__(i, t))
+        # each controller's chunks reach the judge when its whole batch is done
+        arrivals = [done[i] for i, c in enumerate(p.chunk_gen_s) for _ in c]
+        if has_judge:
+            jt, jb = _judge(arrivals, p, p.shared_judge_units)
+        else:
+            jt, jb = gen, 0.0
+        collect = max(gen, jt)
+        r_units = units
+    elif mode == "colocate":
         batches = p.batch_gen_s or p.chunk_gen_s
         gen_work = sum(sum(c) for c in batches)
         gen = _rollout(batches, units)
@@ -102,13 +122,13 @@ def simulate(p: Profile, mode: str, units: int, rollout: int = 0, judge: int = 0
     else:
         gen_work = sum(sum(c) for c in p.chunk_gen_s)
         times: list[float] = []
-        gen = _rollout(p.chunk_gen_s, rollout, times.append)
+        gen = _rollout(p.chunk_gen_s, rollout, lambda t, i: times.append(t))
         jt, jb = _judge(times, p, judge) if has_judge else (gen, 0.0)
         collect = max(gen, jt)
         r_units = rollout
     idle_r = 1.0 - gen_work / (r_units * collect) if collect else 0.0
     idle_j = 1.0 - jb / collect if collect and has_judge else 1.0
-    return Result(collect + rest + p.train_s, idle_r, idle_j)
+    return Result(collect + rest + train, idle_r, idle_j)
 
 
 # ------------------------------------------------------------------ calibration
@@ -119,8 +139,12 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     ran each role in that shape: batched generation from colocate (one core per
     controller), chunked generation from partial (the controllers shared one core, so
     one controller's core-seconds are half its wall time), the judge's per-sample cost
-    on one core from partial and its 1 -> 2 core speed-up from colocate, reload and
-    training from colocate. Nothing is fitted to step times: what the simulator adds
+    on one core from partial and its 1 -> 2 core speed-up from colocate, reload from
+    colocate; the training phase from colocate for colocate (it carries the judge's
+    release), from partial for partial and shared. Shared mode reuses these: batched
+    generation from colocate, the judge on its one thread (reward.judge.threads, as the
+    bench runs it) at partial's per-sample cost. Nothing is fitted to step times, and
+    nothing is read from the shared arm: what the simulator adds
     is how the phases compose (series, barrier, streaming overlap, queueing), and
     every overhead it does not model shows up as error."""
     arms = measured[workload]
@@ -141,6 +165,8 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
         judge_eff=max(0.0, judge1 / judge2 - 1.0) if has_judge and judge2 else 1.0,
         reload_s=colo.get("judge_reload_s") or 0.0,
         train_s=colo["phase_s"]["train_s"],
+        shared_judge_units=int(measured.get("shared_judge_threads", 1)),
+        train_by_mode={"partial": part["phase_s"]["train_s"], "shared": part["phase_s"]["train_s"]},
     )
 
 
@@ -155,14 +181,16 @@ def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = 
     rows = []
     for wl in ("judge_heavy", "rollout_heavy"):
         prof = calibrate(measured, wl)
-        for mode, r, j in (("colocate", 2, 2), ("partial", 1, 1)):
+        for mode, r, j in (("shared", 2, 2), ("colocate", 2, 2), ("partial", 1, 1)):
+            if mode not in measured[wl]:
+                continue
             pred = simulate(prof, mode, 2, r, j).step_s
             real = measured[wl][mode]["step_s"]
             rows.append(
                 {
                     "workload": wl,
                     "mode": mode,
-                    "split": f"{r}:{j}",
+                    "split": "all (unpinned)" if mode == "shared" else f"{r}:{j}",
                     "predicted_step_s": pred,
                     "measured_step_s": real,
                     "error": pred / real - 1.0,
