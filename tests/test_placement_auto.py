@@ -65,6 +65,11 @@ def test_cost_model_point_and_optimistic_predictions():
     m2.observe(_measure("colocate", 2, 2, gen=2.0, judge=0.6, reload=0.3, threads=2))
     assert m2.judge_time(1, "shared") == pytest.approx(1.2)
     assert m2.predict(SHARED, optimistic=True) == pytest.approx(2.0 + 1.2 + 1.0)
+    # with the judge also measured on 1 thread (in partial), shared's 1-thread judge comes
+    # from that one (the same thread count), not from 2 threads scaled
+    m2.observe(_measure("partial", 1, 1, gen=4.0, judge=0.9))
+    assert m2.judge_time(1, "shared") == pytest.approx(0.9)
+    assert m2.judge_time(1, "shared", optimistic=True) == pytest.approx(0.9 * 0.85)
 
 
 def test_cost_model_scales_an_unmeasured_core_count_by_cores():
@@ -146,8 +151,10 @@ def test_auto_follows_a_judge_that_grows_to_the_plan_that_gives_it_more_threads(
     # profiled: point shared 2 + 1 + 1 = 4 (best); optimistic colocate 1.7 + 0.425 + 1
     # = 3.125 < 0.97 * 4: measured first
     assert seen[2][1].startswith("profiled: auto measures colocate (at best 3.12s")
-    # measured colocate 4.4; shared predicted from it: 2 + 0.6 * 2 + 1 = 4.2 < 0.97 * 4.4
-    assert seen[3][1].startswith("measured colocate: auto picks shared")
+    # measured colocate 4.4; shared: generation from colocate (2 cores) 2, the judge from
+    # partial (1 thread, as shared's) 1: 2 + 1 + 1 = 4 (best); optimistic, the judge
+    # measured beside generation: 2 + 0.85 + 1 = 3.85 < 0.97 * 4: measured
+    assert seen[3][1].startswith("measured colocate: auto measures shared (at best 3.85s")
     assert seen[4][1].startswith("measured shared: auto keeps shared")
     grown = _measure("shared", 2, 2, gen=2.0, judge=5.0, threads=1)  # 8.0
     seen = _run(a, [grown, grown])

@@ -16,9 +16,9 @@ judge per (mode, judge threads), and predicts
   where the judge scores each finished chunk while the next one is generated:
   pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks
 
-A time not measured at its own key is derived from the nearest measurement of the same
-mode, else of a mode that ran the role the same way (alone, or beside the other role as
-partial runs it), else of any mode. Generation (one process per controller) scales by
+A time not measured at its own key is derived from a measurement of the same mode,
+else of the nearest core or thread count, among equals one that ran the role the same
+way (alone, or beside the other role as partial runs it). Generation (one process per controller) scales by
 the ratio of core counts (work conserved). The judge is slowed by the ratio of threads
 when it gets fewer, and its point prediction never assumes it faster with more.
 
@@ -152,7 +152,7 @@ class CostModel:
         def rank(kv):
             (m, a), v = kv
             same_way = _overlapped(m) == _overlapped(mode)
-            return (m != mode, not same_way, abs(a - amount), v)
+            return (m != mode, abs(a - amount), not same_way, v)
 
         (m0, a0), v = min(table.items(), key=rank)
         if judge:
