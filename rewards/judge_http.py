@@ -1,20 +1,29 @@
-"""The judge client's HTTP/1.1 transport: pooled keep-alive connections per server.
+"""The judge client's HTTP/1.1 transport: an ``httpx`` transport on pooled keep-alive
+connections.
 
-Each connection is an asyncio protocol whose responses are parsed by ``httptools``
-(llhttp, the C parser uvicorn uses: status, headers, ``Content-Length`` and chunked
-bodies); requests are one ``write`` of a head built from a per-server template and the
-JSON body. A response without a length ends at the connection's close.
+:class:`PooledTransport` is an ``httpx.AsyncBaseTransport``: ``httpx.AsyncClient(
+transport=PooledTransport())`` sends ``httpx.Request`` objects and gets ``httpx.Response``
+objects, with httpx's headers, URL handling, content decoding and exceptions
+(``httpx.ConnectError``, ``httpx.RemoteProtocolError``). Underneath, one
+:class:`HostPool` per ``scheme://host:port`` keeps keep-alive connections, each an
+asyncio protocol whose responses are parsed by ``httptools`` (llhttp, the C parser
+uvicorn uses: status, headers, ``Content-Length`` and chunked bodies); a request is one
+``write`` of its head and body. A response without a length ends at the connection's
+close.
 
-Why not ``httpx``: on the GenRM bench's requests (2 cores) an ``httpx.AsyncClient``
-spent 1.6-2.2 ms of client CPU per request at 1 in flight and 3.5-4.7 ms at 32 in
-flight (``httpcore``'s connection pool alone: 1.1 and 3.2-4.3 ms), as much as the
-judge's forward, and the client then starved the server of a core. This transport
-spends 0.3 ms at 1 in flight and 0.16 ms at 32 (BENCHMARKS.md, "GenRM serving").
+Why not httpx's own transport (``httpcore``): on the GenRM bench's requests (2 cores)
+an ``httpx.AsyncClient`` on it spent 1.6-2.2 ms of client CPU per request at 1 in
+flight and 3.5-4.7 ms at 32 in flight (``httpcore``'s connection pool alone: 1.1 and
+3.2-4.3 ms), as much as the judge's forward, and the client then starved the server of
+a core. The pooled connections spend 0.3 ms at 1 in flight and 0.3 ms at 32, and the
+``httpx.Request``/``httpx.Response`` objects around them 0.04-0.11 ms more
+(BENCHMARKS.md, "GenRM serving").
 
-Errors: :class:`StaleConnection` when a pooled connection turns out closed before any
-byte of the answer (the server dropped it while idle: the caller retries on a fresh
-connection at once); :class:`TransportError` for a connection lost inside a response or
-a response that is not HTTP.
+Errors of :class:`HostPool`: :class:`StaleConnection` when a pooled connection turns
+out closed before any byte of the answer (the server dropped it while idle: the pool
+retries on a fresh connection at once); :class:`TransportError` for a connection lost
+inside a response or a response that is not HTTP. :class:`PooledTransport` raises
+them as httpx's exceptions.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import asyncio
 import ssl
 
 import httptools
+import httpx
 
 
 class TransportError(ConnectionError):
@@ -34,10 +44,13 @@ class StaleConnection(TransportError):
 
 
 class Response:
-    __slots__ = ("status", "headers", "content")
+    """``headers``: lower-case names to values (the last of repeated ones); ``raw``: every
+    header line as sent, ``(name, value)`` bytes."""
 
-    def __init__(self, status: int, headers: dict[str, str], content: bytes):
-        self.status, self.headers, self.content = status, headers, content
+    __slots__ = ("status", "headers", "content", "raw")
+
+    def __init__(self, status: int, headers: dict[str, str], content: bytes, raw=()):
+        self.status, self.headers, self.content, self.raw = status, headers, content, raw
 
 
 class _Connection(asyncio.Protocol):
@@ -53,6 +66,7 @@ class _Connection(asyncio.Protocol):
 
     def _start(self) -> None:
         self.headers: dict[str, str] = {}
+        self.raw: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
         self.headers_done = False
         self.received = False
@@ -86,6 +100,7 @@ class _Connection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.raw.append((name, value))
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -99,7 +114,8 @@ class _Connection(asyncio.Protocol):
 
     # --- requests -----------------------------------------------------------------
     def _finish(self, keep: bool) -> None:
-        response = Response(self.parser.get_status_code(), self.headers, b"".join(self.body))
+        status = self.parser.get_status_code()
+        response = Response(status, self.headers, b"".join(self.body), self.raw)
         self._start()
         if not keep:
             self.close()
@@ -148,10 +164,15 @@ class HostPool:
     async def request(
         self, method: str, path: str, body: bytes | None = None, content_type: str = ""
     ) -> Response:
+        """Send ``method path`` with this pool's fixed headers (and ``body``)."""
         head = f"{method} {path} HTTP/1.1\r\n{self._head}"
         if body is not None:
             head += f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-        data = (head + "\r\n").encode("latin-1") + (body or b"")
+        return await self.send((head + "\r\n").encode("latin-1") + (body or b""))
+
+    async def send(self, data: bytes) -> Response:
+        """Send one whole request (head and body, as bytes) on a pooled connection (a new
+        one when none is idle, or when the pooled one turns out closed)."""
         while True:
             conn = None
             while self.idle and conn is None:
@@ -174,3 +195,50 @@ class HostPool:
     def close(self) -> None:
         while self.idle:
             self.idle.pop().close()
+
+
+class PooledTransport(httpx.AsyncBaseTransport):
+    """An httpx transport on :class:`HostPool` connections (see the module docstring).
+
+    A transport belongs to the event loop it first serves (its connections do)."""
+
+    def __init__(self) -> None:
+        self.pools: dict[tuple[bytes, bytes, int], HostPool] = {}
+
+    def _pool(self, url: httpx.URL) -> HostPool:
+        key = (url.raw_scheme, url.raw_host, url.port or 0)
+        pool = self.pools.get(key)
+        if pool is None:
+            if url.scheme not in ("http", "https"):
+                raise httpx.UnsupportedProtocol(f"{url.scheme!r} URLs are not HTTP: {url}")
+            tls = url.scheme == "https"
+            pool = self.pools[key] = HostPool(url.host, url.port or (443 if tls else 80), tls, {})
+        return pool
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = self._pool(request.url)
+        target = request.url.raw_path
+        lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
+        lines += [b"%s: %s\r\n" % pair for pair in request.headers.raw]
+        lines += [b"\r\n", await request.aread()]
+        try:
+            answer = await pool.send(b"".join(lines))
+        except TransportError as error:
+            raise httpx.RemoteProtocolError(str(error), request=request) from error
+        except OSError as error:  # refused, unreachable, reset
+            raise httpx.ConnectError(f"{type(error).__name__}: {error}", request=request) from error
+        return httpx.Response(
+            answer.status,
+            headers=answer.raw,
+            stream=httpx.ByteStream(answer.content),
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every pooled connection (from the transport's loop)."""
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()

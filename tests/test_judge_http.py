@@ -8,10 +8,11 @@ import json
 import socket
 import threading
 
+import httpx
 import pytest
 
 from mmyatt.rewards.judge_client import JudgeClient, JudgeUnavailableError
-from mmyatt.rewards.judge_http import HostPool, StaleConnection, TransportError
+from mmyatt.rewards.judge_http import HostPool, PooledTransport, StaleConnection, TransportError
 
 BODY = json.dumps({"choices": [{"message": {"content": "Yes"}}]}).encode()
 
@@ -166,5 +167,77 @@ def test_client_retries_broken_answers_and_reads_error_bodies():
         with JudgeClient([f"http://127.0.0.1:{server.port}"], model="m", max_retries=2) as c:
             with pytest.raises(JudgeUnavailableError, match="HTTP 503: busy"):
                 c.chat({"messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        server.close()
+
+
+def test_pooled_transport_serves_an_httpx_client_and_raises_httpx_errors():
+    server = RawServer([ok(extra="X-Judge: a\r\n"), chunked(), ok()[:30]])
+
+    async def go():
+        async with httpx.AsyncClient(transport=PooledTransport()) as client:
+            first = await client.post(
+                f"http://127.0.0.1:{server.port}/v1/x", json={"a": 1}, headers={"X-Key": "k"}
+            )
+            second = await client.get(f"http://127.0.0.1:{server.port}/y?q=1")
+            with pytest.raises(httpx.RemoteProtocolError, match="inside the response"):
+                await client.get(f"http://127.0.0.1:{server.port}/z")
+            return first, second
+
+    try:
+        first, second = run(go())
+    finally:
+        server.close()
+    assert first.status_code == second.status_code == 200
+    assert first.json() == second.json() == json.loads(BODY)
+    assert first.headers["x-judge"] == "a" and server.connections == 1
+    head = server.requests[0].decode()
+    assert head.startswith("POST /v1/x HTTP/1.1\r\n") and "X-Key: k\r\n" in head
+    assert f"Host: 127.0.0.1:{server.port}\r\n" in head and head.endswith('{"a":1}')
+    assert server.requests[1].decode().startswith("GET /y?q=1 HTTP/1.1\r\n")
+
+    closed = socket.create_server(("127.0.0.1", 0))  # a port nobody listens on
+    port = closed.getsockname()[1]
+    closed.close()
+
+    async def refused():
+        transport = PooledTransport()
+        with pytest.raises(httpx.ConnectError):
+            await transport.handle_async_request(httpx.Request("GET", f"http://127.0.0.1:{port}/"))
+
+    run(refused())
+
+
+def test_client_on_any_httpx_transport_mock_and_httpcore():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx.Response(503, json={"error": {"message": "warming up"}})
+        return httpx.Response(200, content=BODY)
+
+    with JudgeClient(
+        "http://judge:8000/v1",
+        api_key="K",
+        model="m",
+        backoff_s=0.01,
+        transport=httpx.MockTransport(handler),
+    ) as c:
+        answer = c.chat({"messages": [{"role": "user", "content": "hi"}]})
+        assert answer["choices"][0]["message"]["content"] == "Yes"
+        assert c.metrics()["retries"] == 1
+    assert [str(r.url) for r in seen] == ["http://judge:8000/v1/chat/completions"] * 2
+    assert seen[0].headers["authorization"] == "Bearer K"
+    assert json.loads(seen[0].content)["model"] == "m"
+
+    # httpx's own transport (httpcore), e.g. for proxies or TLS settings
+    server = RawServer([ok(), chunked()])
+    try:
+        with JudgeClient(
+            [f"http://127.0.0.1:{server.port}"], model="m", transport=httpx.AsyncHTTPTransport()
+        ) as c:
+            answers = c.chat_many([{"messages": [{"role": "user", "content": "hi"}]}] * 2)
+        assert [a["choices"][0]["message"]["content"] for a in answers] == ["Yes", "Yes"]
     finally:
         server.close()
