@@ -68,8 +68,12 @@ class Controller:
         self.eval_records = eval_records
         self.logger = logger or make_logger(cfg, run_dir, enabled=dist.is_main)
         self.local_prompts = cfg.data.prompts_per_step // dist.world_size
+        from mmyatt.builders import build_nft
         from mmyatt.engines import build_engines
 
+        # DiffusionNFT's sampling policy and loss (models/flow_nft.py), else None; its
+        # sampling copy is taken before an engine shards the transformer (a plain module)
+        self.nft = build_nft(cfg, policy)
         # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
         self.engine, self.policy = build_engines(cfg, dist, policy)
         params = [p for p in self.policy.module().parameters() if p.requires_grad]
@@ -98,10 +102,6 @@ class Controller:
         if getattr(reward, "reads_latents", False):  # every reward reads latents: no decode
             require(policy, LatentOutputs, "rewards that read latents (flow models only)")
             policy.decode_outputs = False
-        from mmyatt.builders import build_nft
-
-        # DiffusionNFT's sampling policy and loss (models/flow_nft.py), else None
-        self.nft = build_nft(cfg, policy)
 
     @property
     def _closed_form_kl(self) -> bool:
@@ -282,7 +282,7 @@ class Controller:
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
-        if len(r) == 0 and self.engine.lockstep:  # sharded forwards: every rank joins them
+        if len(r) == 0 and self.engine.lockstep and self.nft is None:  # sharded: all join
             self.engine.idle_logprob_passes(self.policy, a, self._closed_form_kl)
         if len(r) == 0 or self.nft is not None:  # NFT: no log-probs, its KL is on velocities
             return r
@@ -392,15 +392,24 @@ class Controller:
         a = self.cfg.algorithm
         for k in ("positive", "negative", "old_deviation", "r_mean"):
             local[f"nft/{k}"] = 0.0
-        if mb is None or not len(mb):
-            return None
+        samples = None  # sharded forwards: every rank runs the fullest rank's row count
+        if self.engine.lockstep:
+            samples = max(self.dist.gather_ints(0 if mb is None else len(mb)))
+        idle = mb is None or not len(mb)
+        if idle:
+            if samples is None:
+                return None
+            mb = self.engine.idle_rollout(self.policy)  # zero-weight pass on the filler
         rows, stats = self.nft.loss(
             mb,
             self.step_count,
             kl_coef=a.kl_coef,
             kl_block=a.kl_block,
             reference=self.nft.reference_fn() if a.kl_coef > 0 else None,
+            samples=samples,
         )
+        if idle:
+            return rows.sum() * 0.0
         n = float(len(mb))
         local.update({"tokens": n, "den": n, "num": float(rows.detach().sum())})
         for k in ("positive", "negative", "old_deviation", "r_mean"):

@@ -83,7 +83,8 @@ class FlowNFT:
             p = cur[name]
             if not p.requires_grad:  # frozen weights (the LoRA base, model.freeze) stay equal
                 continue
-            p_old.mul_(d).add_(p.detach().to(p_old.dtype), alpha=1.0 - d)
+            # a sharded (FSDP2) weight is gathered whole, one at a time, on every rank
+            p_old.mul_(d).add_(_whole(p.detach()).to(p_old.dtype), alpha=1.0 - d)
         return d
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -117,10 +118,15 @@ class FlowNFT:
         kl_coef: float = 0.0,
         kl_block: int = 0,
         reference=None,
+        samples: int | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Per-sample loss (N,) (mean over its K timesteps; plus kl_coef x the mean
         squared velocity gap to ``reference``, within kl_block tiles if > 0) and detached
-        diagnostics. ``reference``: a callable (x, t, cond, pooled) -> velocity, no grad."""
+        diagnostics. ``reference``: a callable (x, t, cond, pooled) -> velocity, no grad.
+
+        ``samples`` (a sharded engine): the transformer runs on that many samples' rows,
+        these padded with copies of the first row (outputs dropped), so every rank runs
+        the same sharded forwards and backwards whatever its own N."""
         from mmyatt.models.flow_sde import within_blocks
 
         p, ctx, k = self.policy, r.context, self.s.timesteps_per_sample
@@ -134,9 +140,18 @@ class FlowNFT:
         xt = (1.0 - tb) * x0 + tb * noise
         cond = ctx["cond"].repeat_interleave(k, 0)
         pooled = ctx["pooled"].repeat_interleave(k, 0)
+        pad = 0 if samples is None else max(samples * k - xt.shape[0], 0)
+        if pad:
+            xt, tf_in, cond, pooled = (
+                torch.cat([a, a[:1].expand(pad, *a.shape[1:])]) for a in (xt, tf, cond, pooled)
+            )
+        else:
+            tf_in = tf
         with torch.no_grad():
-            v_old = p._velocity(self.old, xt, tf, cond, pooled)
-        v = p._velocity(p.transformer, xt, tf, cond, pooled)
+            v_old = p._velocity(self.old, xt, tf_in, cond, pooled)
+        v = p._velocity(p.transformer, xt, tf_in, cond, pooled)
+        if pad:  # the padding's outputs are dropped: no loss, a zero gradient
+            v, v_old = v[:-pad], v_old[:-pad]
         adv = None if r.advantages is None else r.advantages.float()
         if adv is not None and adv.ndim > 1:
             adv = adv.mean(1)
@@ -156,7 +171,9 @@ class FlowNFT:
         stats["r_mean"] = w.mean()
         if kl_coef > 0 and reference is not None:
             with torch.no_grad():
-                v_ref = reference(xt, tf, cond, pooled)
+                v_ref = reference(xt, tf_in, cond, pooled)
+            if pad:
+                v_ref = v_ref[:-pad]
             gap = v.float() - v_ref.float()
             if kl_block:
                 gap = within_blocks(gap, kl_block)
@@ -181,3 +198,9 @@ class FlowNFT:
             raise RuntimeError("no reference policy: call enable_reference() first")
 
         return ref
+
+
+def _whole(t: Tensor) -> Tensor:
+    """A DTensor's whole value (a collective: every rank calls it); others as they are."""
+    full = getattr(t, "full_tensor", None)
+    return full() if full is not None else t

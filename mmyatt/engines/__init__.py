@@ -77,12 +77,10 @@ def check_engines(cfg) -> None:
                 f"train.backend=megatron trains text LLMs (megatron-core GPTModel), not "
                 f"model.kind={cfg.model.kind}; use train.backend=fsdp2"
             )
-        if t.tensor_parallel != 1:
-            raise ConfigError(
-                "train.tensor_parallel > 1 inside `mmyatt train` is not implemented (issue 17: "
-                "a tensor-parallel group would be one controller; the controller loop shards "
-                "data per rank). mmyatt.engines.megatron runs TP>1 directly (see its tests)"
-            )
+        if t.tensor_parallel < 1:
+            raise ConfigError(f"train.tensor_parallel must be >= 1, got {t.tensor_parallel}")
+        if t.tensor_parallel > 1:
+            _check_tensor_parallel(cfg)
         _require(cfg, "megatron", "train.backend=megatron")
     if t.backend == "fsdp2" and cfg.sampling.group_size < 2:
         raise ConfigError(
@@ -90,12 +88,11 @@ def check_engines(cfg) -> None:
             "sharded forward on one rank against more rows on another hangs FSDP2's "
             "backward here; minibatches hold whole groups)"
         )
-    if t.backend == "fsdp2" and cfg.algorithm.name != "grpo":
+    if t.backend == "fsdp2" and cfg.algorithm.name == "diffusion_nft" and t.cpu_offload:
         raise ConfigError(
-            f"algorithm.name={cfg.algorithm.name} with train.backend=fsdp2 is not implemented "
-            "(issue 17: its sampling policy is a copy of the sharded transformer whose "
-            "forwards would be FSDP collectives outside the engine's gathers and lockstep "
-            "passes; see docs/engines.md); use train.backend=replica"
+            "train.cpu_offload with algorithm.name=diffusion_nft is not implemented (issue 17: "
+            "the sampling policy's EMA gathers each offloaded shard, untested on a GPU); "
+            "drop train.cpu_offload"
         )
     if t.backend != "fsdp2" and (
         t.mixed_precision != "none" or t.cpu_offload or t.activation_checkpointing
@@ -121,6 +118,43 @@ def check_engines(cfg) -> None:
                 "reward.judge.backend=vllm starts `vllm serve`, which is not installed; "
                 f"install it with: {INSTALL['vllm'][1]}"
             )
+
+
+def _check_tensor_parallel(cfg) -> None:
+    """train.tensor_parallel > 1: a tensor-parallel group of processes is one controller
+    (mmyatt/engines/megatron_group.py); what that does not cover is refused here."""
+    from mmyatt.config import ConfigError
+
+    tp, n = cfg.train.tensor_parallel, cfg.distributed.nproc
+    key = f"train.tensor_parallel={tp}"
+    if n % tp:
+        raise ConfigError(
+            f"{key} needs distributed.nproc to be a multiple of it (got {n}): each group of "
+            f"{tp} processes is one controller"
+        )
+    if cfg.data.prompts_per_step % (n // tp):
+        raise ConfigError(
+            f"{key}: data.prompts_per_step ({cfg.data.prompts_per_step}) must divide over the "
+            f"{n // tp} controller(s) (distributed.nproc / tensor_parallel)"
+        )
+    if cfg.rollout.backend != "hf":
+        raise ConfigError(
+            f"{key} with rollout.backend={cfg.rollout.backend} is not implemented "
+            "(issue 17); use rollout.backend=hf"
+        )
+    judged = cfg.reward.judge.model is not None or cfg.reward.judge.urls
+    if judged or any(f.name == "genrm" for f in cfg.reward.functions):
+        raise ConfigError(
+            f"{key} with judge rewards is not implemented (issue 17: every rank of a "
+            "tensor-parallel group scores the same samples, and two calls to a judge may "
+            "answer differently)"
+        )
+    p = cfg.placement
+    if p.mode != "shared" or p.balance:
+        raise ConfigError(
+            f"{key} needs placement.mode=shared and placement.balance=false (issue 17: not "
+            "implemented for tensor-parallel controllers)"
+        )
 
 
 def _require(cfg, name: str, key: str) -> None:
@@ -266,6 +300,15 @@ class LockstepMixin:
         lp = policy.logprobs(self._filler(policy))
         return lp.sum() * 0.0
 
+    def idle_rollout(self, policy):
+        """The filler with zero advantages and rewards, for a loss that reads them (the
+        DiffusionNFT loss of a rank without samples; its result is multiplied by 0)."""
+        import dataclasses
+
+        filler = self._filler(policy)
+        zero = torch.zeros(len(filler))
+        return dataclasses.replace(filler, advantages=zero, rewards=zero.clone())
+
     @torch.no_grad()
     def idle_logprob_passes(self, policy, algorithm, closed_form_kl: bool) -> None:
         """The forwards ``old_and_reference_logprobs`` makes, on the filler, results dropped."""
@@ -276,6 +319,17 @@ class LockstepMixin:
             policy.attach_reference_means(filler.select([0]))
         elif algorithm.kl_coef > 0:
             policy.reference_logprobs(filler)
+
+
+def controller_dist(cfg, dist):
+    """The controller's ``Dist``: ``dist``, or with ``train.backend=megatron`` and
+    ``train.tensor_parallel > 1`` a data-parallel view in which a tensor-parallel group
+    of processes is one controller (``megatron_group.GroupDist``)."""
+    if cfg.train.backend != "megatron" or cfg.train.tensor_parallel == 1:
+        return dist
+    from mmyatt.engines.megatron_group import controller_dist as group_dist
+
+    return group_dist(cfg, dist)
 
 
 def build_engines(cfg, dist, policy):
