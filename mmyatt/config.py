@@ -301,7 +301,7 @@ class TrainConfig:
     cpu_offload: bool = False  # fsdp2: sharded parameters and optimizer state in host memory (CUDA)
     activation_checkpointing: bool = False  # fsdp2: recompute block activations in backward
     reshard_after_forward: bool = True  # fsdp2: free gathered weights after each block forward
-    tensor_parallel: int = 1  # megatron: tensor-parallel size
+    tensor_parallel: int = 1  # megatron: tensor-parallel size (a group of processes = a controller)
 
 
 @dataclass(frozen=True)

@@ -167,12 +167,18 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
     torch.set_num_threads(cfg.trainer.threads)
     dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
     try:
+        from mmyatt.engines import controller_dist
+
+        # train.tensor_parallel > 1: a tensor-parallel group of processes is one controller;
+        # its ranks other than the first write only into a private directory
+        dist = controller_dist(cfg, dist)
+        mirror = getattr(dist, "mirror", False)
         torch.manual_seed(cfg.trainer.seed)
         from mmyatt.controller import Controller
 
         ctl = Controller(
             cfg,
-            rd,
+            rd / ".mirror" / f"rank{dist.global_rank}" if mirror else rd,
             dist,
             policy=builders.build_policy(cfg.model, dist.device),
             reward=builders.build_reward(cfg.reward),
@@ -190,7 +196,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
 
         close_engines()  # a vLLM rollout engine leaves before the process group it uses
         shutdown()
-    if not dist.active:
+    if not dist.active and getattr(dist, "processes", 1) == 1:  # else the launcher prints it
         print_summary(rd)
     return 0
 
@@ -199,7 +205,10 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     t, c = cfg.trainer, cfg.checkpoint
     log = ctl.logger
     say = print if dist.is_main else (lambda *a, **k: None)
-    ck = Checkpointer(
+    checkpointer = Checkpointer
+    if getattr(dist, "mirror", False):  # reads the run's checkpoints, writes none
+        from mmyatt.engines.megatron_group import MirrorCheckpointer as checkpointer
+    ck = checkpointer(
         ctl.run_dir / "checkpoints" / "state",
         rank=dist.rank,
         world_size=dist.world_size,

@@ -298,3 +298,97 @@ def test_one_stage_schedule_equals_one_process(tmp_path):
     torch.testing.assert_close(got["losses"], losses, atol=1e-5, rtol=1e-5)
     for k, g in grads.items():
         torch.testing.assert_close(got["grads"][k], g, atol=1e-5, rtol=1e-4, msg=k)
+
+
+# ------------------------------------------------------- a tensor-parallel group as one controller
+def _tp_train_args(tmp_path, *extra):
+    (tmp_path / "lenreward.py").write_text(
+        "def reward(completion, record):\n    return len(completion) / 10.0\n"
+    )
+    return [
+        *[a for a in TINY if not a.startswith("trainer.steps")],
+        "train.backend=megatron",
+        "reward.functions=[{name: 'lenreward:reward'}]",
+        *extra,
+    ]
+
+
+def _series(run, key):
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return torch.tensor([r[key] for r in rows if key in r])
+
+
+@pytest.mark.slow  # a 1-process and a 2-process run
+@needs_megatron
+def test_train_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
+    """`mmyatt train` with train.tensor_parallel=2 on 2 processes (one controller: the
+    group's first rank generates, both run the loss on their shards) equals the
+    one-process TP=1 run: same samples and rewards, losses and gradient norms within
+    rounding, exported weights within the AdamW rounding allowance of the other
+    engine tests; only the first rank writes into the run directory."""
+    args = _tp_train_args(tmp_path, "trainer.steps=3")
+    a, b = tmp_path / "tp1", tmp_path / "tp2"
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    mmyatt(tmp_path, "train", cfg, *args, "distributed.nproc=1", "--run-dir", str(a))
+    out = mmyatt(
+        tmp_path,
+        "train",
+        cfg,
+        *args,
+        "distributed.nproc=2",
+        "train.tensor_parallel=2",
+        "--run-dir",
+        str(b),
+    )
+    assert "1 controller(s)" in out.stdout
+    from safetensors.torch import load_file
+
+    wa = load_file(str(a / "checkpoints" / "final" / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / "final" / "model.safetensors"))
+    base = load_file(str(a / "base_model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
+    move = torch.cat([(wa[k] - base[k]).abs().flatten() for k in wa])
+    assert float(diff.max()) < 5e-4 and float(move.mean()) > 1e-2
+    assert float((diff > 1e-6).float().mean()) < 0.01 and float(diff.mean()) < 1e-6
+    # the rollouts are the TP=1 run's: rewards equal exactly
+    ra, rb = _series(a, "reward/generated_mean"), _series(b, "reward/generated_mean")
+    assert len(ra) == 3 and torch.equal(ra, rb)
+    torch.testing.assert_close(
+        _series(b, "train/loss"), _series(a, "train/loss"), atol=1e-6, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        _series(b, "train/grad_norm"), _series(a, "train/grad_norm"), atol=0, rtol=1e-5
+    )
+    # the second rank wrote only into its private directory
+    assert sorted(p.name for p in (b / "rollouts").iterdir()) == sorted(
+        p.name for p in (a / "rollouts").iterdir()
+    )
+
+
+@pytest.mark.slow  # three 2-process runs
+@needs_megatron
+def test_train_tensor_parallel_2_resumes_exactly(tmp_path):
+    """Checkpoints of a TP=2 controller hold whole HF-named weights and AdamW moments;
+    4 steps uninterrupted = 2 steps + resume to 4, bit for bit."""
+    args = _tp_train_args(
+        tmp_path, "distributed.nproc=2", "train.tensor_parallel=2", "checkpoint.save_every=2"
+    )
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
+    assert "continuing at step 3" in out.stdout
+    from safetensors.torch import load_file
+
+    sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
+    sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
+    assert any("exp_avg_sq" in k for k in sa) and sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    wa = load_file(str(full / "checkpoints" / "final" / "model.safetensors"))
+    wb = load_file(str(parts / "checkpoints" / "final" / "model.safetensors"))
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert torch.equal(_series(full, "train/loss"), _series(parts, "train/loss"))

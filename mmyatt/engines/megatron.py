@@ -10,11 +10,11 @@ lowest float, left padding masked).
 
 Tensor parallelism: ``build_gpt(cfg, tp)`` splits attention heads, MLP columns and the
 vocabulary over the tensor-parallel group (``initialize_model_parallel``), and logits
-are gathered to the full vocabulary. Inside ``mmyatt train`` each controller is one
-data-parallel rank with tensor parallel size 1; TP > 1 needs a controller to span a
-tensor-parallel group (not implemented, see ``check_engines``), while this module runs
-TP > 1 directly (tests/test_engines_megatron.py: TP=2 over two gloo processes), and
-``megatron_pp`` pipeline parallelism with megatron-core's schedules.
+are gathered to the full vocabulary. Inside ``mmyatt train`` a controller is one
+data-parallel rank; with ``train.tensor_parallel > 1`` it spans a tensor-parallel group
+of processes (``megatron_group``: the group's first rank generates and broadcasts the
+rollout, every rank runs the loss on its shard). ``megatron_pp`` runs pipeline
+parallelism with megatron-core's schedules (not inside ``mmyatt train``).
 
 CPU: megatron-core targets CUDA; three shims make it run on the CPU over gloo: its
 global memory buffer allocates on ``torch.cuda.current_device()`` and its CUDA RNG
@@ -169,10 +169,14 @@ def load_hf_weights(model, hf_sd: dict[str, Tensor], hf_cfg) -> None:
 
 def gather_hf_weights(model, hf_cfg) -> dict[str, Tensor]:
     """All TP ranks' shards joined into one HF state dict (on every rank)."""
+    return _join_tp({k: v.detach() for k, v in weights(model).items()}, hf_cfg)
+
+
+def _join_tp(local: dict[str, Tensor], hf_cfg) -> dict[str, Tensor]:
+    """Megatron-named shards of this TP rank -> whole HF-named tensors (every rank)."""
     import torch.distributed as tdist
     from megatron.core import parallel_state
 
-    local = {k: v.detach() for k, v in weights(model).items()}
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if tp == 1:
         return megatron_to_hf([local], hf_cfg)
@@ -184,6 +188,38 @@ def gather_hf_weights(model, hf_cfg) -> dict[str, Tensor]:
         for r in range(tp):
             shards[r][k] = parts[r]
     return megatron_to_hf(shards, hf_cfg)
+
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def optimizer_state_hf(model, optimizer, hf_cfg) -> dict:
+    """AdamW's state with its moments whole and HF-named (like the weights), so the
+    run checkpoint holds every tensor-parallel rank's part and resumes on any of them."""
+    sd = optimizer.state_dict()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    state = {names[i]: s for i, s in sd["state"].items()}
+    out = {"format": "hf", "param_groups": sd["param_groups"], "step": {}}
+    if not state:
+        return out
+    out["step"] = {n: s["step"] for n, s in state.items()}
+    for m in MOMENTS:
+        out[m] = _join_tp({n: s[m] for n, s in state.items()}, hf_cfg)
+    return out
+
+
+def load_optimizer_state_hf(model, optimizer, state: dict, hf_cfg) -> None:
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    local = {m: hf_to_megatron(state[m], hf_cfg, tp, rank) for m in MOMENTS if m in state}
+    per = {}
+    for i, n in enumerate(names):
+        if n in state["step"]:
+            per[i] = {"step": state["step"][n], **{m: local[m][n] for m in local}}
+    optimizer.load_state_dict({"state": per, "param_groups": state["param_groups"]})
 
 
 def attention_inputs(attn: Tensor) -> tuple[Tensor, Tensor]:
@@ -238,8 +274,21 @@ class MegatronTextPolicy:
         self._synced = self._version()
 
     def generate(self, prompts, group_size, sampling, seeds):
+        from megatron.core import parallel_state as ps
+
         self.sync_weights()
-        return self._inner.generate(prompts, group_size, sampling, seeds)
+        if ps.get_tensor_model_parallel_world_size() == 1:
+            return self._inner.generate(prompts, group_size, sampling, seeds)
+        import torch.distributed as tdist
+
+        from mmyatt.engines.megatron_group import broadcast_rollout
+
+        # a tensor-parallel group is one controller: its first rank generates
+        first = ps.get_tensor_model_parallel_src_rank()
+        out = None
+        if tdist.get_rank() == first:
+            out = self._inner.generate(prompts, group_size, sampling, seeds)
+        return broadcast_rollout(out, first, ps.get_tensor_model_parallel_group())
 
     def save(self, path: str) -> None:
         self.sync_weights()
@@ -272,21 +321,23 @@ class MegatronTextPolicy:
 
 
 class MegatronEngine:
-    """Controllers are data-parallel ranks, each with a TP=1 Megatron model; gradients
-    summed over controllers like the replica backend's."""
+    """Controllers are data-parallel ranks, each with a Megatron model (split over its
+    tensor-parallel group when ``train.tensor_parallel > 1``, see ``megatron_group``);
+    gradients summed over controllers like the replica backend's."""
 
     name = "megatron"
     lockstep = False
 
     def __init__(self, dist, train_cfg):
         self.dist, self.cfg = dist, train_cfg
+        self.tp = int(train_cfg.tensor_parallel)
 
     def wrap(self, policy):
-        init_parallel(1)
+        init_parallel(self.tp)
         hf = policy.module()
         hf_cfg = hf.config
         dtype = next(hf.parameters()).dtype
-        model = build_gpt(hf_cfg, 1, dtype)
+        model = build_gpt(hf_cfg, self.tp, dtype)
         load_hf_weights(model, hf.state_dict(), hf_cfg)
         hf.requires_grad_(False)  # the HF copy only generates
         return MegatronTextPolicy(policy, model, hf_cfg)
@@ -295,8 +346,12 @@ class MegatronEngine:
         policy.enable_reference()
 
     def reduce_and_clip(self, params, max_norm: float) -> Tensor:
-        self.dist.sum_grads(params)
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.dist.sum_grads(params)  # over the data-parallel controllers
+        if self.tp == 1:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        from mmyatt.engines.megatron_group import clip_grad_norm_tp
+
+        return clip_grad_norm_tp(params, max_norm)
 
     def rollout_weights(self, policy):
         from contextlib import nullcontext
@@ -314,10 +369,14 @@ class MegatronEngine:
         load_hf_weights(policy.module(), state, policy.hf_cfg)
 
     def optimizer_state(self, policy, optimizer) -> dict:
-        return optimizer.state_dict()
+        if self.tp == 1:
+            return optimizer.state_dict()
+        return optimizer_state_hf(policy.module(), optimizer, policy.hf_cfg)
 
     def load_optimizer_state(self, policy, optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
+        if self.tp == 1:
+            return optimizer.load_state_dict(state)
+        load_optimizer_state_hf(policy.module(), optimizer, state, policy.hf_cfg)
 
     def export(self, policy, path: str) -> None:
         policy.sync_weights()

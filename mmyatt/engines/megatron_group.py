@@ -1,0 +1,168 @@
+"""A tensor-parallel group as one controller (``train.backend: megatron`` with
+``train.tensor_parallel > 1`` inside ``mmyatt train``).
+
+``distributed.nproc`` processes form ``nproc / tp`` data-parallel controllers; the ``tp``
+consecutive ranks of a tensor-parallel group (megatron-core's layout) are one controller:
+
+- Every rank of the group runs the controller's loop on the same data: its ``Dist`` is
+  a :class:`GroupDist` whose ``rank`` / ``world_size`` are the data-parallel ones, so the
+  group's ranks draw the same prompts, and sums (metrics, advantages, gradient
+  all-reduce) run over the data-parallel group, where each controller counts once.
+- Generation runs on the group's first rank only; the rollout (and that rank's RNG
+  state, so every later draw agrees) is broadcast to the others
+  (``MegatronTextPolicy.generate``). Rewards are computed on every rank from the same
+  outputs; judge rewards are refused (``check_engines``), since two calls to a judge
+  could answer differently.
+- The Megatron forward and backward of the loss are the tensor-parallel collectives;
+  the gradient norm adds the squared norms of split weights over the group and counts
+  replicated ones (RMSNorm weights) once (:func:`clip_grad_norm_tp`).
+- Only the group's first rank writes: the others run with a private run directory
+  (trace and rollout files) and a :class:`MirrorCheckpointer` that reads the run's
+  checkpoints but writes none (their state equals the first rank's: run-state
+  checkpoints hold whole, HF-named weights and optimizer moments).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as tdist
+from torch import Tensor
+
+from mmyatt.checkpoint import Checkpointer
+from mmyatt.distributed import Dist
+
+
+class GroupDist(Dist):
+    """A controller that spans a tensor-parallel group: data-parallel rank and size,
+    sums over the data-parallel group; barriers, ``any`` and object broadcasts over
+    every process (the group's ranks must take the same branches); only global rank 0
+    is ``is_main``."""
+
+    def __init__(self, base: Dist, tp: int):
+        from megatron.core import parallel_state as ps
+
+        from mmyatt.engines.megatron import init_parallel
+
+        init_parallel(tp)
+        super().__init__(
+            ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), str(base.device)
+        )
+        self.backend = base.backend
+        self.global_rank, self.processes = tdist.get_rank(), tdist.get_world_size()
+        self.tp, self.tp_rank = tp, ps.get_tensor_model_parallel_rank()
+        self.group = ps.get_data_parallel_group()
+        self.mirror = self.tp_rank != 0  # runs the loop, writes nothing
+
+    def describe(self) -> str:
+        return (
+            f"[device] controller {self.rank} of {self.world_size} (tensor-parallel group of "
+            f"{self.tp} processes) on {self.device}, backend {self.backend}"
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.global_rank == 0
+
+    def sum(self, t: Tensor | float) -> Tensor:
+        out = torch.as_tensor(t, dtype=torch.float64, device=self.device).clone()
+        if self.active:
+            tdist.all_reduce(out, group=self.group)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self.device)
+        tdist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def sum_grads(self, params) -> None:
+        params = [p for p in params if p.requires_grad]
+        if not self.active or not params:
+            return
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        tdist.all_reduce(flat, group=self.group)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def barrier(self) -> None:
+        tdist.barrier()
+
+    def broadcast_object(self, obj=None):
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def controller_dist(cfg, dist: Dist) -> Dist:
+    """The controller's ``Dist``: a :class:`GroupDist` when a Megatron tensor-parallel
+    group is one controller, else ``dist`` itself."""
+    t = cfg.train
+    if t.backend != "megatron" or t.tensor_parallel == 1:
+        return dist
+    procs = tdist.get_world_size() if tdist.is_initialized() else 1
+    if procs % t.tensor_parallel:
+        raise ValueError(
+            f"train.tensor_parallel={t.tensor_parallel} does not divide the {procs} "
+            "processes (distributed.nproc)"
+        )
+    return GroupDist(dist, t.tensor_parallel)
+
+
+class MirrorCheckpointer(Checkpointer):
+    """What a non-writing rank of a tensor-parallel group uses: it joins the
+    constructor's barrier and reads the run's checkpoints, and ``save`` writes nothing
+    (the group's first rank writes the same state)."""
+
+    def __init__(self, root, **kw):
+        kw["clean_stale"] = False
+        super().__init__(root, **kw)
+
+    def save(self, step: int, shared, local) -> None:
+        return None
+
+
+def broadcast_rollout(out, tp_group_first: int, group):
+    """The group's first rank's rollout and RNG state on every rank of ``group``."""
+    from mmyatt.checkpoint import rng_state, set_rng_state
+
+    box = [(out, rng_state()) if out is not None else None]
+    tdist.broadcast_object_list(box, src=tp_group_first, group=group)
+    rollout, rng = box[0]
+    set_rng_state(rng)
+    return rollout
+
+
+def clip_grad_norm_tp(params, max_norm: float) -> Tensor:
+    """``clip_grad_norm_`` over a tensor-parallel model: split weights' squared norms
+    summed over the tensor-parallel group, replicated ones counted once; every rank
+    scales its shards by the same factor. Returns the global norm (float32)."""
+    from megatron.core import parallel_state as ps
+
+    split = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    grads = [p.grad for p in params if p.grad is not None]
+    for p in params:
+        if p.grad is None:
+            continue
+        sq = p.grad.detach().double().square().sum().cpu()
+        if getattr(p, "tensor_model_parallel", False):
+            split += sq
+        else:
+            replicated += sq
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        dev = grads[0].device if grads else torch.device("cpu")
+        s = split.to(dev)
+        tdist.all_reduce(s, group=ps.get_tensor_model_parallel_group())
+        split = s.cpu()
+    norm = math.sqrt(float(split + replicated))
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.detach().mul_(coef)
+    return torch.tensor(norm, dtype=torch.float32)
