@@ -2,7 +2,7 @@
 
 ``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
 [--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]
-[--poll-ms 2]`` (or
+[--poll-ms 0]`` (or
 ``python -m mmyatt.rewards.judge_server ...``) serves a local judge model so that
 controllers can call it over HTTP exactly as they would call ``vllm serve``:
 
@@ -104,7 +104,7 @@ class JudgeServer:
         log_requests: bool = False,
         device: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
-        poll_ms: float = 2.0,
+        poll_ms: float = 0.0,
     ):
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
         if isinstance(model, (str, Path)):
@@ -286,7 +286,7 @@ def cli_main(args: argparse.Namespace) -> int:
         model_name=getattr(args, "served_model_name", None),
         log_requests=bool(getattr(args, "log_requests", False)),
         device=getattr(args, "device", None),
-        poll_ms=float(getattr(args, "poll_ms", 2.0)),
+        poll_ms=float(getattr(args, "poll_ms", 0.0)),
     )
     if threads:
         server.batcher.threads = int(threads)  # the worker thread applies it too
@@ -330,9 +330,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--poll-ms",
         type=float,
-        default=2.0,
+        default=0.0,
         help="after answering, keep polling for the next request this long before sleeping "
-        "(0: off); costs at most this much of one core per answer",
+        "(default 0: off); costs up to this much of one core per answer and only helps "
+        "on an otherwise idle machine",
     )
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")
