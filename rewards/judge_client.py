@@ -11,8 +11,12 @@ VLM judge add e.g. ``--limit-mm-per-prompt '{"image": 1}'``). Then
 the same way.
 
 * **Async core, sync facade.** Requests are ``httpx.Request`` objects sent through an
-  httpx transport on a private asyncio event loop in a daemon thread; answers are
-  ``httpx.Response`` objects. The default transport is
+  httpx transport on the client's private asyncio event loop; answers are
+  ``httpx.Response`` objects. A synchronous call (``chat``, ``chat_many``, ``health``)
+  runs that loop on the caller's own thread while no other thread uses it, which saves
+  two thread wake-ups per call (caller to loop and back); the first asynchronous call,
+  or a second thread calling while the loop is in use, hands the loop to a daemon
+  thread for good, which then serves every call. The default transport is
   :class:`mmyatt.rewards.judge_http.PooledTransport`: pooled HTTP/1.1 keep-alive
   connections per server, responses parsed by ``httptools`` (the C parser uvicorn
   uses); ``transport=`` takes any other (``httpx.AsyncHTTPTransport(verify=...,
@@ -138,6 +142,14 @@ def _dumps(body: dict) -> bytes:
         return json.dumps(body).encode("utf-8")
 
 
+def _loop_running_here() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:  # uvloop (a dependency where it builds): less CPU per request
         import uvloop
@@ -196,7 +208,8 @@ class JudgeClient:
         }
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the daemon thread, once needed
+        self._runner = threading.Lock()  # held by a caller running the loop itself
         self._sem: asyncio.Semaphore | None = None
         self._rr = 0
 
@@ -205,13 +218,35 @@ class JudgeClient:
 
     # --- event loop -----------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        """The client's loop, run forever by the daemon thread (started here, once a
+        caller running the loop itself has finished)."""
         with self._lock:
-            if self._loop is None:
-                loop = _new_loop()
-                thread = threading.Thread(target=loop.run_forever, name="judge-client", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
+            if self._thread is not None:
+                return self._loop
+        with self._runner:
+            with self._lock:
+                if self._thread is None:
+                    self._loop = self._loop or _new_loop()
+                    self._thread = threading.Thread(
+                        target=self._loop.run_forever, name="judge-client", daemon=True
+                    )
+                    self._thread.start()
+                return self._loop
+
+    def _run(self, make_coro):
+        """Run ``make_coro()`` to its end for a synchronous caller: on the caller's thread
+        when the loop is free (no daemon thread, no other caller running it, no event
+        loop already running in this thread), else on the daemon thread."""
+        if self._thread is None and not _loop_running_here() and self._runner.acquire(False):
+            try:
+                with self._lock:
+                    loop = self._loop = self._loop or _new_loop()
+                    free = self._thread is None
+                if free:
+                    return loop.run_until_complete(make_coro())
+            finally:
+                self._runner.release()
+        return self._submit(make_coro()).result()
 
     def _submit(self, coro) -> Future:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
@@ -235,20 +270,26 @@ class JudgeClient:
         return await asyncio.wait_for(self._send("GET", server.url + path), self.timeout_s)
 
     def close(self) -> None:
-        """Close pooled connections and stop the client's loop thread."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._close_all(), loop).result(timeout=5)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            if thread is not None:
-                thread.join(timeout=5)
-            loop.close()
-            self._sem = None
+        """Close pooled connections and stop the client's loop (and its thread)."""
+        if self._loop is not None and self._thread is None and _loop_running_here():
+            self._ensure_loop()  # this thread cannot run a second loop: the daemon closes
+        with self._runner:  # after a caller running the loop itself
+            with self._lock:
+                loop, thread = self._loop, self._thread
+                self._loop = self._thread = None
+            if loop is None:
+                return
+            try:
+                if thread is None:
+                    loop.run_until_complete(self._close_all())
+                else:
+                    asyncio.run_coroutine_threadsafe(self._close_all(), loop).result(timeout=5)
+            finally:
+                if thread is not None:
+                    loop.call_soon_threadsafe(loop.stop)
+                    thread.join(timeout=5)
+                loop.close()
+                self._sem = None
 
     async def _close_all(self) -> None:
         if self._transport is not None:
@@ -267,12 +308,12 @@ class JudgeClient:
         """Send chat-completion bodies concurrently; responses come back in order."""
         if self._thread is not None and threading.current_thread() is self._thread:
             raise RuntimeError("chat_many cannot be called from the client's own loop")
-        return self._submit(self._chat_many(list(requests), return_exceptions)).result()
+        return self._run(lambda: self._chat_many(list(requests), return_exceptions))
 
     def chat(self, request: dict) -> dict:
         if self._thread is not None and threading.current_thread() is self._thread:
             raise RuntimeError("chat cannot be called from the client's own loop")
-        return self._submit(self._chat(request)).result()
+        return self._run(lambda: self._chat(request))
 
     async def achat(self, request: dict) -> dict:
         return await asyncio.wrap_future(self._submit(self._chat(request)))
@@ -296,7 +337,7 @@ class JudgeClient:
         async def run() -> list[bool]:
             return list(await asyncio.gather(*(check(s) for s in self.servers)))
 
-        return dict(zip(self.urls, self._submit(run()).result()))
+        return dict(zip(self.urls, self._run(run)))
 
     def metrics(self) -> dict:
         with self._lock:

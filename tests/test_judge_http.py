@@ -241,3 +241,49 @@ def test_client_on_any_httpx_transport_mock_and_httpcore():
         assert [a["choices"][0]["message"]["content"] for a in answers] == ["Yes", "Yes"]
     finally:
         server.close()
+
+
+def test_sync_calls_run_on_the_callers_thread_until_a_daemon_is_needed():
+    """chat/chat_many/health run the client's loop on the calling thread (no thread
+    hops); concurrent callers, async callers and callers inside a running loop are
+    served by the daemon thread, which then serves every call."""
+    import concurrent.futures
+
+    server = RawServer([ok()] * 40)
+    message = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def daemons() -> int:
+        return sum(t.name == "judge-client" for t in threading.enumerate())
+
+    try:
+        before = daemons()
+        c = JudgeClient([f"http://127.0.0.1:{server.port}"], model="m")
+        assert c.chat(message)["choices"][0]["message"]["content"] == "Yes"
+        assert len(c.chat_many([message] * 3)) == 3
+        assert list(c.health().values()) == [True]
+        assert c._thread is None and daemons() == before  # all on this thread
+        c.close()  # closes on this thread too
+        assert c.chat(message)  # and opens again
+
+        slow = threading.Event()
+
+        def caller(i):
+            if i == 0:
+                slow.wait(5)
+            return c.chat_many([message] * 2)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # concurrent sync callers
+            futures = [pool.submit(caller, i) for i in range(4)]
+            slow.set()
+            assert all(len(f.result(timeout=30)) == 2 for f in futures)
+
+        async def inside_a_loop():
+            c.chat(message)  # blocks this loop; served by the daemon
+            return await c.achat(message)
+
+        assert run(inside_a_loop())["choices"][0]["message"]["content"] == "Yes"
+        assert c._thread is not None and c.chat(message)
+        c.close()
+        assert daemons() == before and c.metrics()["failures"] == 0
+    finally:
+        server.close()
