@@ -18,15 +18,6 @@ JSON parser and the answer written as JSON bytes, without FastAPI's routing, dep
 solving and response classes (the largest Python items in a profile of the request
 path; BENCHMARKS.md, "GenRM serving"). Errors keep the same OpenAI shape and status
 codes as on the FastAPI routes; the answer is written by orjson.
-
-After answering a chat request the event loop keeps polling its sockets, without
-sleeping, for ``server.poll_s`` (``--poll-ms``) while it holds no other chat request,
-and then sleeps as usual: a lone client's next request usually arrives within that
-window and is read at once, and the judge's forward runs on a core that did not go
-idle. On a 2-core machine the same forward took 15-20% longer when its thread had slept
-for 0.5-1 ms before it than when it ran back to back (BENCHMARKS.md, "GenRM
-serving"). Each pass of the polling yields the core to any other thread that wants it
-(``sched_yield``); the cost is at most ``poll_s`` of one core after each answer.
 """
 
 from __future__ import annotations
@@ -36,7 +27,6 @@ import base64
 import binascii
 import hmac
 import io
-import os
 import sys
 import time
 import uuid
@@ -56,7 +46,6 @@ if TYPE_CHECKING:
 MAX_TOKENS = 8192
 # how much of a too-large body is read and dropped so that the client sees the 413
 DRAIN_FACTOR = 4
-_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
 
 # --------------------------------------------------------------------------------------
@@ -305,9 +294,6 @@ class Guard:
     def __init__(self, app, server: JudgeServer):
         self.app, self.server = app, server
         self.chats = 0  # chat requests read and not yet answered
-        self.polling = False  # the loop is kept polling (see the module docstring)
-        self.poll_until = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -395,25 +381,6 @@ class Guard:
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-        self._poll()
-
-    def _poll(self) -> None:
-        """Keep the loop polling for ``server.poll_s`` (see the module docstring): a
-        callback that re-queues itself makes each loop pass poll without waiting."""
-        if self.server.poll_s <= 0:
-            return
-        self.poll_until = time.perf_counter() + self.server.poll_s
-        if not self.polling:
-            self.polling = True
-            self.loop = asyncio.get_running_loop()
-            self.loop.call_soon(self._poll_step)
-
-    def _poll_step(self) -> None:
-        if self.chats == 0 and time.perf_counter() < self.poll_until:
-            _yield()  # a thread that wants this core (the client's, on a busy machine) gets it
-            self.loop.call_soon(self._poll_step)
-        else:  # a request came (it restarts the window when answered), or time is up
-            self.polling = False
 
     async def _too_large(self, scope, receive, send):
         error = APIError(f"request body over {self.server.max_body_bytes} bytes", 413)

@@ -1,8 +1,7 @@
 """The embedded GenRM judge server: an OpenAI-compatible chat-completions subset.
 
 ``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
-[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]
-[--poll-ms 0]`` (or
+[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]`` (or
 ``python -m mmyatt.rewards.judge_server ...``) serves a local judge model so that
 controllers can call it over HTTP exactly as they would call ``vllm serve``:
 
@@ -104,7 +103,6 @@ class JudgeServer:
         log_requests: bool = False,
         device: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
-        poll_ms: float = 0.0,
     ):
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
         if isinstance(model, (str, Path)):
@@ -122,9 +120,6 @@ class JudgeServer:
         self.max_body_bytes = int(max_body_bytes)
         self.request_timeout_s = float(request_timeout_s)
         self.log_requests = log_requests
-        if poll_ms < 0:
-            raise ValueError(f"poll_ms must be >= 0, got {poll_ms}")
-        self.poll_s = float(poll_ms) / 1000.0  # judge_api: polling after an answer
         self.created = int(time.time())
         if not is_loopback(host):
             print(
@@ -286,7 +281,6 @@ def cli_main(args: argparse.Namespace) -> int:
         model_name=getattr(args, "served_model_name", None),
         log_requests=bool(getattr(args, "log_requests", False)),
         device=getattr(args, "device", None),
-        poll_ms=float(getattr(args, "poll_ms", 0.0)),
     )
     if threads:
         server.batcher.threads = int(threads)  # the worker thread applies it too
@@ -326,14 +320,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="how long a batch may wait for company (only while more requests are expected)",
-    )
-    p.add_argument(
-        "--poll-ms",
-        type=float,
-        default=0.0,
-        help="after answering, keep polling for the next request this long before sleeping "
-        "(default 0: off); costs up to this much of one core per answer and only helps "
-        "on an otherwise idle machine",
     )
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")
