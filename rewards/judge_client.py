@@ -23,8 +23,8 @@ the same way.
   proxy=..., http2=True)``, ``httpx.MockTransport``), which the client then owns and
   closes. The requests go to the transport directly, not through an
   ``httpx.AsyncClient``, whose layer (cookies, auth and redirect handling, header
-  merging) cost 0.2-0.34 ms of client CPU per request on the GenRM bench's requests,
-  as much as the whole transport (BENCHMARKS.md, "GenRM serving").
+  merging) cost 0.1-0.34 ms of client CPU per request on the GenRM bench's requests,
+  about as much as the whole transport (BENCHMARKS.md, "GenRM serving").
   ``chat_many(requests)`` blocks the caller and returns responses in order;
   ``await client.achat(request)`` / ``achat_many`` serve async callers on any loop
   (e.g. streaming each finished rollout sample to the judge).

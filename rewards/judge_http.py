@@ -16,7 +16,7 @@ an ``httpx.AsyncClient`` on it spent 1.6-2.2 ms of client CPU per request at 1 i
 flight and 3.5-4.7 ms at 32 in flight (``httpcore``'s connection pool alone: 1.1 and
 3.2-4.3 ms), as much as the judge's forward, and the client then starved the server of
 a core. The pooled connections spend 0.3 ms at 1 in flight and 0.3 ms at 32, and the
-``httpx.Request``/``httpx.Response`` objects around them 0.04-0.11 ms more
+``httpx.Request``/``httpx.Response`` objects around them 0.04-0.12 ms more
 (BENCHMARKS.md, "GenRM serving").
 
 Errors of :class:`HostPool`: :class:`StaleConnection` when a pooled connection turns
