@@ -94,6 +94,8 @@ JUDGE_NEGATIVES = (
     "two",
     "garble",
     "split",
+    "conflict",
+    "fragment",
 )
 # How often each kind of wrong description is drawn: mostly the ones only the picture
 # can refute (a wrong colour, shape or direction); the text-only ones (an attribute
@@ -112,6 +114,11 @@ NEGATIVE_WEIGHTS = {
 # With ``split_negatives``: words broken by spaces and fragments repeated ("a circle th
 # is is purple"), the text a policy found that the judge still paid.
 SPLIT_WEIGHTS = {**NEGATIVE_WEIGHTS, "garble": 0.08, "split": 0.12}
+# With ``conflict_negatives`` too: the true value and a false one of the same attribute
+# in one description ("a green square that is yellow"), and a description that lost its
+# noun ("a that is purple"): what a policy drifts into when a judge reads only the last
+# colour it names or does not miss the shape.
+CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -378,6 +385,23 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
             words[k] = "".join(w)
         garbled = " ".join(words)
         return garbled if garbled != original else garbled + "nn"
+    if kind == "conflict":  # the true value and a false one of one attribute
+        attr = ("colour", "shape", "direction")[int(rng.integers(3 if d else 2))]
+        values = {"colour": palette, "shape": list(SHAPES), "direction": list(DIRECTIONS)}
+        wrong = _other(values[attr], rec[attr], rng)
+        first, second = (wrong, rec[attr]) if rng.random() < 0.5 else (rec[attr], wrong)
+        if attr == "colour":
+            text = f"a {first} {s} that is {second}"
+        elif attr == "shape":
+            text = f"a {c} {first} that is a {second}"
+        else:
+            text = f"a {c} {s} moving {first} and {second}"
+        return text + (f" moving {d}" if d and attr != "direction" else "")
+    if kind == "fragment":  # the noun lost: "a that is purple", "one red moving up"
+        options = [f"a that is {c}", f"a {c} that is", f"one {c}", f"a {s} that is"]
+        if d:
+            options += [f"a {c} moving {d}", f"a that is {c} moving {d}"]
+        return options[int(rng.integers(len(options)))]
     if kind == "split":  # a word broken by a space, a fragment or word said twice
         words = describe(c, s, d, rng).split()
         for _ in range(int(rng.integers(1, 3))):
@@ -417,6 +441,7 @@ def judge_records(
     video_fraction: float = 0.25,
     score: bool = False,
     split_negatives: bool = False,
+    conflict_negatives: bool = False,
     frames: int = FRAMES,
     negative_weights: dict[str, float] | None = None,
     **kwargs,
@@ -426,7 +451,8 @@ def judge_records(
     record's "image" is the picture or the clip's frames (a list of PIL images, as the
     GenRM reward sends them) and its "prompt" the judge template filled in (``score``:
     the score variant's, answered "Score: 9" / "Score: 2"; ``split_negatives``: the
-    ``split`` kind too, at :data:`SPLIT_WEIGHTS`; ``negative_weights``: another table of
+    ``split`` kind too, at :data:`SPLIT_WEIGHTS`; ``conflict_negatives``: ``conflict`` and
+    ``fragment`` as well, at :data:`CONFLICT_WEIGHTS`; ``negative_weights``: another table of
     the same kinds). A clip is sent as ``frames`` evenly spaced frames, the first and the
     last always among them, as the GenRM reward sends a clip with ``max_frames``. ``kwargs``
     go to :func:`describe_records` (held-out exclusion by default)."""
@@ -442,7 +468,13 @@ def judge_records(
         if positive:
             answer, kind = describe(rec["colour"], rec["shape"], rec["direction"], rng), None
         else:
-            table = negative_weights or (SPLIT_WEIGHTS if split_negatives else NEGATIVE_WEIGHTS)
+            table = negative_weights or (
+                CONFLICT_WEIGHTS
+                if conflict_negatives
+                else SPLIT_WEIGHTS
+                if split_negatives
+                else NEGATIVE_WEIGHTS
+            )
             kinds = [k for k in table if k != "direction" or rec["direction"]]
             weights = np.asarray([table[k] for k in kinds])
             # a wrong value may name a held-out combination: redraw it, and after 20 tries
