@@ -186,3 +186,21 @@ def test_judge_records_never_name_a_heldout_combination():
         assert not any(c in words and s in words for c, s in HELDOUT), r["output"]
     # the guard itself: it sees a held-out pair in any order
     assert d._names_heldout("a square that is red moving left", {"direction": "left"})
+
+
+def test_conflict_and_fragment_negatives_are_wrong_by_the_check():
+    """A 'conflict' negative names the true value and a false one of one attribute; a
+    'fragment' lost its noun: the rule check never scores either 1."""
+    recs = d.judge_records(600, seed=9, conflict_negatives=True, video_fraction=0.5)
+    kinds = {"conflict": 0, "fragment": 0}
+    for r in recs:
+        k = r["negative_type"]
+        if k in kinds:
+            kinds[k] += 1
+            truth = {"colour": r["colour"], "shape": r["shape"], "direction": r["direction"]}
+            det = d.check_details(r["output"], truth)
+            assert det["score"] < 1.0, r["output"]
+            if k == "conflict":
+                assert det["false"] >= 1 and det["correct"] == det["attributes"], r["output"]
+            assert r["answer"] == "No"
+    assert min(kinds.values()) >= 10, kinds
