@@ -13,6 +13,7 @@ budget ``max_new_tokens``, V = the model's vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from mmyatt.rollout import Rollout
 
-from . import decode
+from . import cpu_kernels, decode
 from .protocol import Sampling, seeded_generator
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
@@ -108,6 +109,10 @@ class TextPolicy:
         # decode steps over a pre-allocated cache where the architecture allows it
         # (models/decode.py StaticKVDecoder); False: every step through model.forward
         self.static_decode = True
+        # prefill and scoring forwards over short rows on the CPU use grouped-query
+        # attention without key/value copies and oneDNN matmuls (models/cpu_kernels.py; the
+        # decode steps keep MKL, no faster on their 128-row products); False: the model's own
+        self.cpu_kernels = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
         self._can_share_prefix = hasattr(self._new_cache(), "layers")
 
@@ -381,13 +386,21 @@ class TextPolicy:
         kw = {self._cache_kwarg: cache}
         if keep and self._has_logits_to_keep:  # skip the (N, L, V) logits we would discard
             kw["logits_to_keep"] = keep
-        return self.model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=positions,
-            use_cache=cache is not None,
-            **kw,
-        )
+        with self._kernels(attn.shape[1]):
+            return self.model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=positions,
+                use_cache=cache is not None,
+                **kw,
+            )
+
+    def _kernels(self, length: int):
+        """The CPU kernels of models/cpu_kernels.py for a forward over ``length`` keys,
+        where they apply (and ``cpu_kernels`` is on); else a no-op block."""
+        if self.cpu_kernels and cpu_kernels.applies(self.model, length):
+            return cpu_kernels.fast_forward(self.model)
+        return contextlib.nullcontext()
 
     def _new_cache(self):
         try:
