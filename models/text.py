@@ -111,7 +111,7 @@ class TextPolicy:
         self.static_decode = True
         # prefill and scoring forwards over short rows on the CPU use grouped-query
         # attention without key/value copies and oneDNN matmuls (models/cpu_kernels.py; the
-        # decode steps keep MKL, no faster on their 128-row products); False: the model's own
+        # decode steps keep MKL, no faster on their 128-row products); False: the model's kernels
         self.cpu_kernels = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
         self._can_share_prefix = hasattr(self._new_cache(), "layers")
