@@ -1,12 +1,12 @@
-"""The text adapter with the CPU kernels of models/cpu_kernels.py off and on, in one process.
+"""The text adapter with the CPU attention of models/cpu_kernels.py off and on, in one process.
 
 Same tiny model weights and workload as ``mmyatt bench text-grpo`` (16 prompts x 8
 samples x 16 new tokens, temperature 1): per step and arm, generate under no_grad, then
 log-probs with entropy, a policy-gradient loss, backward and an AdamW step. Arms:
 
-* ``off``: ``TextPolicy.cpu_kernels = False`` (the model's own kernels: MKL matmuls,
-  ``sdpa`` attention), what the adapter did before;
-* ``on``: the kernels in the prefill and in scoring (the default; decode steps keep MKL).
+* ``off``: ``TextPolicy.cpu_kernels = False`` (the model's own ``sdpa`` attention), what
+  the adapter did before;
+* ``on``: grouped-query attention in the prefill and in scoring (the default).
 
 Each arm has its own copy of the weights and optimizer, all from the same start; the arms
 alternate step by step (order reversed every other step), medians over the steps after the

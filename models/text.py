@@ -110,8 +110,8 @@ class TextPolicy:
         # (models/decode.py StaticKVDecoder); False: every step through model.forward
         self.static_decode = True
         # prefill and scoring forwards over short rows on the CPU use grouped-query
-        # attention without key/value copies and oneDNN matmuls (models/cpu_kernels.py; the
-        # decode steps keep MKL, no faster on their 128-row products); False: the model's kernels
+        # attention without key/value copies (models/cpu_kernels.py; decode steps have their
+        # own, StaticKVDecoder); False: the model's own attention kernel
         self.cpu_kernels = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
         self._can_share_prefix = hasattr(self._new_cache(), "layers")
@@ -396,7 +396,7 @@ class TextPolicy:
             )
 
     def _kernels(self, length: int):
-        """The CPU kernels of models/cpu_kernels.py for a forward over ``length`` keys,
+        """The CPU attention of models/cpu_kernels.py for a forward over ``length`` keys,
         where they apply (and ``cpu_kernels`` is on); else a no-op block."""
         if self.cpu_kernels and cpu_kernels.applies(self.model, length):
             return cpu_kernels.fast_forward(self.model)

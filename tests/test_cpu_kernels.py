@@ -1,13 +1,11 @@
-"""models/cpu_kernels.py: grouped-query attention against Hugging Face's eager attention,
-the oneDNN linear layer against ``F.linear`` (values and both gradients), the switch
-restoring what it changed, and the text adapter with the kernels on against off (same
-tokens, log-probs and gradients up to rounding)."""
+"""models/cpu_kernels.py: grouped-query attention against Hugging Face's eager attention
+and by hand, the switch restoring what it changed, and the text adapter with it on against
+off (same tokens, log-probs and gradients up to rounding)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from test_text_policy import CORPUS, PROMPTS
 from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
 
@@ -43,45 +41,19 @@ def test_grouped_attention_equals_eager_attention():
     assert torch.allclose(out[1, 2, 5], s.softmax(-1) @ v[1, 1], atol=1e-6)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_onednn_linear_values_and_gradients_equal_f_linear(bias):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(4, 5, 16, generator=g, requires_grad=True)
-    w = torch.randn(12, 16, generator=g, requires_grad=True)
-    b = torch.randn(12, generator=g, requires_grad=True) if bias else None
-    up = torch.randn(4, 5, 12, generator=g)
-    grads = []
-    for fn in (F.linear, cpu_kernels.onednn_linear):
-        x.grad = w.grad = None
-        if b is not None:
-            b.grad = None
-        y = fn(x, w, b)
-        (y * up).sum().backward()
-        grads.append((y.detach(), x.grad, w.grad, None if b is None else b.grad))
-    for ref, new in zip(*grads):
-        if ref is not None:
-            assert torch.allclose(new, ref, atol=1e-5, rtol=1e-5)
-    # without gradients it is the plain product; other dtypes fall back to F.linear
-    with torch.no_grad():
-        assert torch.allclose(cpu_kernels.onednn_linear(x, w, b), F.linear(x, w, b), atol=1e-5)
-    xd, wd = x.detach().double(), w.detach().double()
-    assert cpu_kernels.onednn_linear(xd, wd).dtype == torch.float64
-
-
 def test_fast_forward_switches_and_restores(tiny):
     model = tiny.model
-    before, linear = model.config._attn_implementation, F.linear
+    before = model.config._attn_implementation
+    assert before != cpu_kernels.GROUPED
     with cpu_kernels.fast_forward(model):
         assert model.config._attn_implementation == cpu_kernels.GROUPED
-        assert F.linear is cpu_kernels.onednn_linear
-        with cpu_kernels.fast_forward(model, attention=False):  # nested: restores its own
+        with cpu_kernels.fast_forward(model):  # nested: restores its own
             pass
-        assert F.linear is cpu_kernels.onednn_linear
         assert model.config._attn_implementation == cpu_kernels.GROUPED
-    assert model.config._attn_implementation == before and F.linear is linear
+    assert model.config._attn_implementation == before
     with pytest.raises(RuntimeError), cpu_kernels.fast_forward(model):
         raise RuntimeError("restored on errors too")
-    assert model.config._attn_implementation == before and F.linear is linear
+    assert model.config._attn_implementation == before
 
 
 def test_applies_only_to_short_llama_family_rows_on_cpu(tiny):
@@ -97,18 +69,13 @@ def tiny(tmp_path_factory):
 
 
 def test_text_adapter_with_kernels_equals_without(tiny, monkeypatch):
-    calls = {"linear": 0, "attention": 0}
-    linear, attention = cpu_kernels.onednn_linear, cpu_kernels.grouped_attention
-
-    def counted_linear(*a):
-        calls["linear"] += 1
-        return linear(*a)
+    calls = {"attention": 0}
+    attention = cpu_kernels.grouped_attention
 
     def counted_attention(*a, **k):
         calls["attention"] += 1
         return attention(*a, **k)
 
-    monkeypatch.setattr(cpu_kernels, "onednn_linear", counted_linear)
     from transformers import AttentionInterface
 
     monkeypatch.setitem(AttentionInterface._global_mapping, cpu_kernels.GROUPED, counted_attention)
@@ -125,10 +92,9 @@ def test_text_adapter_with_kernels_equals_without(tiny, monkeypatch):
         grads = [p.grad.clone() for p in tiny.model.parameters()]
         runs.append((r, lp.detach(), ent.detach(), grads))
     tiny.cpu_kernels = True
-    # the kernels ran, only in the second run, in the 3 Hugging Face forwards (the prefill,
-    # the prompt and the completions of scoring; decode steps keep MKL): 15 linear layers
-    # (2 layers x 7 + the head) and 2 attention layers each
-    assert calls["linear"] == 15 * 3 and calls["attention"] == 2 * 3
+    # it ran, only in the second run, in the 3 Hugging Face forwards (the prefill, the
+    # prompt and the completions of scoring), 2 attention layers each
+    assert calls["attention"] == 2 * 3
     (r0, lp0, ent0, g0), (r1, lp1, ent1, g1) = runs
     assert torch.equal(r0.actions, r1.actions) and torch.equal(r0.mask, r1.mask)
     assert torch.allclose(r0.logprobs, r1.logprobs, atol=1e-5)
