@@ -302,6 +302,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # fsdp2: recompute block activations in backward
     reshard_after_forward: bool = True  # fsdp2: free gathered weights after each block forward
     tensor_parallel: int = 1  # megatron: tensor-parallel size (a group of processes = a controller)
+    pipeline_parallel: int = 1  # megatron: pipeline stages (a group of processes = a controller)
 
 
 @dataclass(frozen=True)

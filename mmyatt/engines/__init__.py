@@ -77,9 +77,17 @@ def check_engines(cfg) -> None:
                 f"train.backend=megatron trains text LLMs (megatron-core GPTModel), not "
                 f"model.kind={cfg.model.kind}; use train.backend=fsdp2"
             )
-        if t.tensor_parallel < 1:
-            raise ConfigError(f"train.tensor_parallel must be >= 1, got {t.tensor_parallel}")
-        if t.tensor_parallel > 1:
+        if t.tensor_parallel < 1 or t.pipeline_parallel < 1:
+            raise ConfigError(
+                f"train.tensor_parallel and train.pipeline_parallel must be >= 1, got "
+                f"{t.tensor_parallel} and {t.pipeline_parallel}"
+            )
+        if t.tensor_parallel > 1 and t.pipeline_parallel > 1:
+            raise ConfigError(
+                "train.tensor_parallel > 1 together with train.pipeline_parallel > 1 is not "
+                "implemented (issue 17: untested); use one of them"
+            )
+        if t.tensor_parallel * t.pipeline_parallel > 1:
             _check_tensor_parallel(cfg)
         _require(cfg, "megatron", "train.backend=megatron")
     if t.backend == "fsdp2" and cfg.sampling.group_size < 2:
@@ -127,6 +135,9 @@ def _check_tensor_parallel(cfg) -> None:
 
     tp, n = cfg.train.tensor_parallel, cfg.distributed.nproc
     key = f"train.tensor_parallel={tp}"
+    if cfg.train.pipeline_parallel > 1:  # a pipeline group is one controller the same way
+        tp = cfg.train.pipeline_parallel
+        key = f"train.pipeline_parallel={tp}"
     if n % tp:
         raise ConfigError(
             f"{key} needs distributed.nproc to be a multiple of it (got {n}): each group of "
@@ -325,7 +336,8 @@ def controller_dist(cfg, dist):
     """The controller's ``Dist``: ``dist``, or with ``train.backend=megatron`` and
     ``train.tensor_parallel > 1`` a data-parallel view in which a tensor-parallel group
     of processes is one controller (``megatron_group.GroupDist``)."""
-    if cfg.train.backend != "megatron" or cfg.train.tensor_parallel == 1:
+    t = cfg.train
+    if t.backend != "megatron" or t.tensor_parallel * t.pipeline_parallel == 1:
         return dist
     from mmyatt.engines.megatron_group import controller_dist as group_dist
 

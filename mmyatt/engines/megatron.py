@@ -14,7 +14,8 @@ are gathered to the full vocabulary. Inside ``mmyatt train`` a controller is one
 data-parallel rank; with ``train.tensor_parallel > 1`` it spans a tensor-parallel group
 of processes (``megatron_group``: the group's first rank generates and broadcasts the
 rollout, every rank runs the loss on its shard). ``megatron_pp`` runs pipeline
-parallelism with megatron-core's schedules (not inside ``mmyatt train``).
+parallelism with megatron-core's schedules; with ``train.pipeline_parallel > 1`` a
+pipeline group is one controller (``megatron_pp_train``).
 
 CPU: megatron-core targets CUDA; three shims make it run on the CPU over gloo: its
 global memory buffer allocates on ``torch.cuda.current_device()`` and its CUDA RNG
@@ -71,7 +72,7 @@ def cpu_current_device():
         torch.cuda.current_device = original
 
 
-def init_parallel(tp: int = 1) -> None:
+def init_parallel(tp: int = 1, pp: int = 1) -> None:
     """megatron-core's model-parallel groups over the running process group (one
     started here when none is: a lone process)."""
     import torch.distributed as tdist
@@ -85,7 +86,9 @@ def init_parallel(tp: int = 1) -> None:
             backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
         )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        )
     if not torch.cuda.is_available():
         cpu_shims()
 
@@ -261,11 +264,18 @@ class MegatronTextPolicy:
     def _version(self) -> tuple:
         return tuple(p._version for p in self.model.parameters())
 
+    def whole_weights(self) -> dict[str, Tensor]:
+        """The whole model's HF-named weights, on every rank (a collective)."""
+        return gather_hf_weights(self.model, self.hf_cfg)
+
+    def load_whole(self, state: dict[str, Tensor]) -> None:
+        load_hf_weights(self.model, state, self.hf_cfg)
+
     def sync_weights(self) -> None:
         """Trained Megatron weights -> the HF model (only when they changed)."""
         if self._synced == self._version():
             return
-        sd = gather_hf_weights(self.model, self.hf_cfg)
+        sd = self.whole_weights()
         hf = self._inner.module()
         with torch.no_grad():
             missing, unexpected = hf.load_state_dict(sd, strict=False)
@@ -331,12 +341,23 @@ class MegatronEngine:
     def __init__(self, dist, train_cfg):
         self.dist, self.cfg = dist, train_cfg
         self.tp = int(train_cfg.tensor_parallel)
+        self.pp = int(getattr(train_cfg, "pipeline_parallel", 1))
 
     def wrap(self, policy):
-        init_parallel(self.tp)
+        init_parallel(self.tp, self.pp)
         hf = policy.module()
         hf_cfg = hf.config
         dtype = next(hf.parameters()).dtype
+        if self.pp > 1:  # one stage per process; the pipeline group is one controller
+            from mmyatt.engines.megatron_pp import build_stage
+            from mmyatt.engines.megatron_pp_train import PipelineTextPolicy
+
+            model = build_stage(hf_cfg, self.tp, self.pp, dtype)
+            self._model = model  # the gradient norm skips its tied-embedding copy
+            out = PipelineTextPolicy(policy, model, hf_cfg)
+            out.load_whole(hf.state_dict())
+            hf.requires_grad_(False)
+            return out
         model = build_gpt(hf_cfg, self.tp, dtype)
         load_hf_weights(model, hf.state_dict(), hf_cfg)
         hf.requires_grad_(False)  # the HF copy only generates
@@ -347,6 +368,10 @@ class MegatronEngine:
 
     def reduce_and_clip(self, params, max_norm: float) -> Tensor:
         self.dist.sum_grads(params)  # over the data-parallel controllers
+        if self.pp > 1:
+            from mmyatt.engines.megatron_pp_train import clip_grad_norm_pp
+
+            return clip_grad_norm_pp(self._model, params, max_norm)
         if self.tp == 1:
             return torch.nn.utils.clip_grad_norm_(params, max_norm)
         from mmyatt.engines.megatron_group import clip_grad_norm_tp
@@ -360,20 +385,28 @@ class MegatronEngine:
 
     def model_state(self, policy) -> dict:
         """HF-named weights (exact conversion): checkpoints read like any other run's."""
-        return gather_hf_weights(policy.module(), policy.hf_cfg)
+        return policy.whole_weights()
 
     def full_weights(self, policy) -> dict:
-        return gather_hf_weights(policy.module(), policy.hf_cfg)
+        return policy.whole_weights()
 
     def load_model_state(self, policy, state: dict) -> None:
-        load_hf_weights(policy.module(), state, policy.hf_cfg)
+        policy.load_whole(state)
 
     def optimizer_state(self, policy, optimizer) -> dict:
+        if self.pp > 1:
+            from mmyatt.engines.megatron_pp_train import optimizer_state_pp
+
+            return optimizer_state_pp(policy.module(), optimizer, policy.hf_cfg)
         if self.tp == 1:
             return optimizer.state_dict()
         return optimizer_state_hf(policy.module(), optimizer, policy.hf_cfg)
 
     def load_optimizer_state(self, policy, optimizer, state: dict) -> None:
+        if self.pp > 1:
+            from mmyatt.engines.megatron_pp_train import load_optimizer_state_pp
+
+            return load_optimizer_state_pp(policy.module(), optimizer, state, policy.hf_cfg)
         if self.tp == 1:
             return optimizer.load_state_dict(state)
         load_optimizer_state_hf(policy.module(), optimizer, state, policy.hf_cfg)

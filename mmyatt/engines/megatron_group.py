@@ -40,25 +40,27 @@ class GroupDist(Dist):
     every process (the group's ranks must take the same branches); only global rank 0
     is ``is_main``."""
 
-    def __init__(self, base: Dist, tp: int):
+    def __init__(self, base: Dist, tp: int, pp: int = 1):
         from megatron.core import parallel_state as ps
 
         from mmyatt.engines.megatron import init_parallel
 
-        init_parallel(tp)
+        init_parallel(tp, pp)
         super().__init__(
             ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), str(base.device)
         )
         self.backend = base.backend
         self.global_rank, self.processes = tdist.get_rank(), tdist.get_world_size()
         self.tp, self.tp_rank = tp, ps.get_tensor_model_parallel_rank()
+        self.pp, self.pp_rank = pp, ps.get_pipeline_model_parallel_rank()
         self.group = ps.get_data_parallel_group()
-        self.mirror = self.tp_rank != 0  # runs the loop, writes nothing
+        self.mirror = self.tp_rank != 0 or self.pp_rank != 0  # runs the loop, writes nothing
 
     def describe(self) -> str:
         return (
-            f"[device] controller {self.rank} of {self.world_size} (tensor-parallel group of "
-            f"{self.tp} processes) on {self.device}, backend {self.backend}"
+            f"[device] controller {self.rank} of {self.world_size} (model-parallel group of "
+            f"{self.tp * self.pp} processes: tensor {self.tp} x pipeline {self.pp}) on "
+            f"{self.device}, backend {self.backend}"
         )
 
     @property
@@ -103,15 +105,16 @@ def controller_dist(cfg, dist: Dist) -> Dist:
     """The controller's ``Dist``: a :class:`GroupDist` when a Megatron tensor-parallel
     group is one controller, else ``dist`` itself."""
     t = cfg.train
-    if t.backend != "megatron" or t.tensor_parallel == 1:
+    pp = int(getattr(t, "pipeline_parallel", 1))
+    if t.backend != "megatron" or t.tensor_parallel * pp == 1:
         return dist
     procs = tdist.get_world_size() if tdist.is_initialized() else 1
-    if procs % t.tensor_parallel:
+    if procs % (t.tensor_parallel * pp):
         raise ValueError(
-            f"train.tensor_parallel={t.tensor_parallel} does not divide the {procs} "
-            "processes (distributed.nproc)"
+            f"train.tensor_parallel={t.tensor_parallel} x train.pipeline_parallel={pp} does "
+            f"not divide the {procs} processes (distributed.nproc)"
         )
-    return GroupDist(dist, t.tensor_parallel)
+    return GroupDist(dist, t.tensor_parallel, pp)
 
 
 class MirrorCheckpointer(Checkpointer):
