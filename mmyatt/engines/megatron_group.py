@@ -1,5 +1,6 @@
 """A tensor-parallel group as one controller (``train.backend: megatron`` with
-``train.tensor_parallel > 1`` inside ``mmyatt train``).
+``train.tensor_parallel > 1`` inside ``mmyatt train``; a pipeline group with
+``train.pipeline_parallel > 1`` is one controller the same way, see ``megatron_pp_train``).
 
 ``distributed.nproc`` processes form ``nproc / tp`` data-parallel controllers; the ``tp``
 consecutive ranks of a tensor-parallel group (megatron-core's layout) are one controller:
