@@ -397,3 +397,42 @@ def test_fsdp2_diffusion_nft_rank_without_samples(tmp_path):
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
     torch.testing.assert_close(torch.tensor(losses(b)), torch.tensor(losses(a)))
+
+
+@pytest.mark.slow  # two 2-controller flow runs
+def test_fsdp2_flow_grpo_ranks_with_unequal_rows(tmp_path):
+    """Flow-GRPO with dynamic sampling: a reward constant on every third prompt drops 1 of
+    4 groups, so one rank trains 2 groups and the other 1 (8 rows against 4). The sharded
+    log-prob and loss passes still pair up across ranks, and the weights equal the
+    replica backend's."""
+    (tmp_path / "oddreward.py").write_text(
+        "import numpy as np\n"
+        "from mmyatt.rewards.image import _frames\n"
+        "def reward(output, record):\n"
+        "    a = np.asarray(_frames(output)[0], dtype=np.float32)\n"
+        "    return 1.0 if record['_index'] % 3 == 0 else float(a.mean()) / 255.0\n"
+    )
+    recipe = "flow_grpo_tiny.yaml"
+    args = [
+        *[a for a in SMALL if not a.startswith(("trainer.steps", "distributed.nproc"))],
+        *RECIPES[recipe],
+        "trainer.steps=2",
+        "distributed.nproc=2",
+        "data.prompts_per_step=4",
+        "sampling.group_size=4",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_refill_rounds=0",
+        "reward.functions=[{name: 'oddreward:reward'}]",
+    ]
+    cfg = str(ROOT / "configs" / recipe)
+    a, b = tmp_path / "replica", tmp_path / "fsdp2"
+    mmyatt(tmp_path, "train", cfg, *args, "train.backend=replica", "--run-dir", str(a))
+    mmyatt(tmp_path, "train", cfg, *args, "train.backend=fsdp2", "--run-dir", str(b))
+    rows = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    kept = [r["dynamic/kept_groups"] for r in rows if "dynamic/kept_groups" in r]
+    assert kept and all(k % 2 == 1 for k in kept), kept  # an odd count: ranks unequal
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and wa
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
+    assert losses(a) == pytest.approx(losses(b), rel=1e-4, abs=1e-6)
