@@ -27,6 +27,8 @@ from torch import Tensor
 class Dist:
     """This controller's place in the group, and sums over all controllers."""
 
+    group = None  # the process group sums run over (None: every process)
+
     def __init__(
         self, rank: int = 0, world_size: int = 1, device: str = "cpu", backend: str | None = None
     ):
@@ -50,7 +52,7 @@ class Dist:
         """Sum of ``t`` over controllers (a new tensor; ``t`` is left alone)."""
         out = torch.as_tensor(t, dtype=torch.float64, device=self.device).clone()
         if self.active:
-            dist.all_reduce(out)
+            dist.all_reduce(out, group=self.group)
         return out
 
     def sum_many(self, values: dict[str, float]) -> dict[str, float]:
@@ -77,7 +79,7 @@ class Dist:
         flat = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         )
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=self.group)
         offset = 0
         for p in params:
             n = p.numel()

@@ -306,28 +306,46 @@ class MegatronTextPolicy:
 
     def logprobs(self, rollout, with_entropy: bool = False):
         """TextPolicy.logprobs computed by the Megatron model."""
-        inner = self._inner
-        ids = rollout.context["input_ids"]
-        attn = rollout.context["attention_mask"]
-        temperature = float(rollout.context["temperature"])
-        actions, mask = rollout.actions, rollout.mask.bool()
-        A = actions.shape[1]
-        P = ids.shape[1] - A
-        used = attn[:, :P].any(0).nonzero()
-        first = int(used[0]) if len(used) else P - 1
-        live = mask.any(0).nonzero()
-        last = int(live[-1]) + 1 if len(live) else 1
-        ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+        ids, attn, actions, kept, temperature, last = trimmed_inputs(rollout)
         logits = forward_logits(self.model, ids, attn)
-        logits = inner._tempered(logits[:, -last:], temperature)
-        logp_all = logits.log_softmax(-1)
-        kept = mask[:, :last]
-        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
-        lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
+        lp, entropy = token_logprobs(
+            self._inner, logits, actions, kept, temperature, last, with_entropy
+        )
+        A = rollout.actions.shape[1]
+        lp = F.pad(lp, (0, A - last))
         if not with_entropy:
             return lp
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
+        return lp, F.pad(entropy, (0, A - last))
+
+
+def trimmed_inputs(rollout):
+    """(ids, attn, actions, kept, temperature, last) of a text rollout for a forward:
+    prompt + completion without the left-padding columns no row uses and without the
+    completion columns after the last live token (``last`` of them kept); ``actions``
+    and ``kept`` (the completion mask, bool) cut to those ``last`` columns."""
+    ids = rollout.context["input_ids"]
+    attn = rollout.context["attention_mask"]
+    temperature = float(rollout.context["temperature"])
+    actions, mask = rollout.actions, rollout.mask.bool()
+    P = ids.shape[1] - actions.shape[1]
+    used = attn[:, :P].any(0).nonzero()
+    first = int(used[0]) if len(used) else P - 1
+    live = mask.any(0).nonzero()
+    last = int(live[-1]) + 1 if len(live) else 1
+    ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+    return ids, attn, actions[:, :last], mask[:, :last], temperature, last
+
+
+def token_logprobs(inner, logits, actions, kept, temperature, last, with_entropy=True):
+    """(log-prob of each action, entropy or None) from the logits of a trimmed forward,
+    at ``temperature`` as the adapter ``inner`` tempers them; 0 outside ``kept``."""
+    logits = inner._tempered(logits[:, -last:], temperature)
+    logp_all = logits.log_softmax(-1)
+    lp = torch.where(kept, logp_all.gather(-1, actions[..., None]).squeeze(-1), 0.0)
+    if not with_entropy:
+        return lp, None
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, torch.where(kept, entropy, 0.0)
 
 
 class MegatronEngine:

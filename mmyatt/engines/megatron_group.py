@@ -68,30 +68,10 @@ class GroupDist(Dist):
     def is_main(self) -> bool:
         return self.global_rank == 0
 
-    def sum(self, t: Tensor | float) -> Tensor:
-        out = torch.as_tensor(t, dtype=torch.float64, device=self.device).clone()
-        if self.active:
-            tdist.all_reduce(out, group=self.group)
-        return out
-
     def any(self, flag: bool) -> bool:
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self.device)
         tdist.all_reduce(t)
         return bool(t.item() > 0)
-
-    def sum_grads(self, params) -> None:
-        params = [p for p in params if p.requires_grad]
-        if not self.active or not params:
-            return
-        flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-        )
-        tdist.all_reduce(flat, group=self.group)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
 
     def barrier(self) -> None:
         tdist.barrier()

@@ -37,7 +37,12 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmyatt.engines.megatron import MOMENTS, MegatronTextPolicy
+from mmyatt.engines.megatron import (
+    MOMENTS,
+    MegatronTextPolicy,
+    token_logprobs,
+    trimmed_inputs,
+)
 from mmyatt.engines.megatron_convert import hf_to_megatron
 from mmyatt.engines.megatron_pp import (
     _layer_key,
@@ -117,17 +122,7 @@ class PipelineTextPolicy(MegatronTextPolicy):
         trimmed as ``MegatronTextPolicy.logprobs`` trims it; and the kept action length."""
         from megatron.core import parallel_state as ps
 
-        ids = rollout.context["input_ids"]
-        attn = rollout.context["attention_mask"]
-        temperature = float(rollout.context["temperature"])
-        actions, mask = rollout.actions, rollout.mask.bool()
-        A = actions.shape[1]
-        P = ids.shape[1] - A
-        used = attn[:, :P].any(0).nonzero()
-        first = int(used[0]) if len(used) else P - 1
-        live = mask.any(0).nonzero()
-        last = int(live[-1]) + 1 if len(live) else 1
-        ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
+        ids, attn, actions, kept, temperature, last = trimmed_inputs(rollout)
         n = ids.shape[0]
         pp = ps.get_pipeline_model_parallel_world_size()
         m = pp if n % pp == 0 else 1
@@ -136,8 +131,8 @@ class PipelineTextPolicy(MegatronTextPolicy):
             {
                 "ids": ids[i * b : (i + 1) * b],
                 "attn": attn[i * b : (i + 1) * b],
-                "actions": actions[i * b : (i + 1) * b, :last],
-                "kept": mask[i * b : (i + 1) * b, :last],
+                "actions": actions[i * b : (i + 1) * b],
+                "kept": kept[i * b : (i + 1) * b],
                 "rows": slice(i * b, (i + 1) * b),
                 "temperature": temperature,
                 "last": last,
@@ -148,12 +143,14 @@ class PipelineTextPolicy(MegatronTextPolicy):
 
     def _head(self, logits: Tensor, batch: dict) -> tuple[Tensor, Tensor]:
         """(lp, entropy) of one microbatch's logits, the adapter's conventions."""
-        logits = self._inner._tempered(logits[:, -batch["last"] :], batch["temperature"])
-        logp_all = logits.log_softmax(-1)
-        kept = batch["kept"]
-        lp = logp_all.gather(-1, batch["actions"][..., None]).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return torch.where(kept, lp, 0.0), torch.where(kept, entropy, 0.0)
+        return token_logprobs(
+            self._inner,
+            logits,
+            batch["actions"],
+            batch["kept"],
+            batch["temperature"],
+            batch["last"],
+        )
 
     def _pipeline_forward(self, batches: list[dict]) -> tuple[Tensor, Tensor]:
         from megatron.core import parallel_state as ps
