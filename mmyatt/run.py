@@ -167,10 +167,11 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
     torch.set_num_threads(cfg.trainer.threads)
     dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
     try:
-        from mmyatt.engines import controller_dist
+        from mmyatt.engines import controller_dist, group_reward
 
-        # train.tensor_parallel > 1: a tensor-parallel group of processes is one controller;
-        # its ranks other than the first write only into a private directory
+        # train.tensor_parallel / pipeline_parallel > 1: a model-parallel group of processes
+        # is one controller; its first rank scores (group_reward), the others write only
+        # into a private directory
         dist = controller_dist(cfg, dist)
         mirror = getattr(dist, "mirror", False)
         torch.manual_seed(cfg.trainer.seed)
@@ -181,7 +182,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
             rd / ".mirror" / f"rank{dist.global_rank}" if mirror else rd,
             dist,
             policy=builders.build_policy(cfg.model, dist.device),
-            reward=builders.build_reward(cfg.reward),
+            reward=group_reward(builders.build_reward(cfg.reward), dist),
             shard=builders.build_shard(cfg, dist.rank, dist.world_size),
             eval_records=builders.eval_records(cfg, dist.rank, dist.world_size),
         )

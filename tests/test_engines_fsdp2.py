@@ -240,8 +240,8 @@ def test_fsdp2_options_single_process(tmp_path):
         (["train.backend=megatron", "train.tensor_parallel=2"], "multiple of it"),
         (
             ["train.backend=megatron", "train.tensor_parallel=2", "distributed.nproc=2"]
-            + ["reward.judge.model=builtin:x"],
-            "judge rewards",
+            + ["rollout.backend=vllm"],
+            "rollout.backend=vllm",
         ),
         (
             ["train.backend=megatron", "train.tensor_parallel=2", "distributed.nproc=2"]

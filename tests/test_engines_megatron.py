@@ -404,8 +404,8 @@ def test_train_tensor_parallel_2_resumes_exactly(tmp_path):
             "issue 17",
         ),
         (
-            ["train.pipeline_parallel=2", "distributed.nproc=2", "reward.judge.model=builtin:x"],
-            "judge rewards",
+            ["train.pipeline_parallel=2", "distributed.nproc=2", "placement.balance=true"],
+            "placement.balance",
         ),
         (["train.pipeline_parallel=0"], "must be >= 1"),
     ],

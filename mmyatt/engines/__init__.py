@@ -153,13 +153,6 @@ def _check_tensor_parallel(cfg) -> None:
             f"{key} with rollout.backend={cfg.rollout.backend} is not implemented "
             "(issue 17); use rollout.backend=hf"
         )
-    judged = cfg.reward.judge.model is not None or cfg.reward.judge.urls
-    if judged or any(f.name == "genrm" for f in cfg.reward.functions):
-        raise ConfigError(
-            f"{key} with judge rewards is not implemented (issue 17: every rank of a "
-            "tensor-parallel group scores the same samples, and two calls to a judge may "
-            "answer differently)"
-        )
     p = cfg.placement
     if p.mode != "shared" or p.balance:
         raise ConfigError(
@@ -342,6 +335,17 @@ def controller_dist(cfg, dist):
     from mmyatt.engines.megatron_group import controller_dist as group_dist
 
     return group_dist(cfg, dist)
+
+
+def group_reward(reward, dist):
+    """The controller's reward: ``reward``, or where a model-parallel group of processes
+    is one controller, the group's first rank scores and broadcasts
+    (``megatron_group.GroupReward``)."""
+    if not hasattr(dist, "mirror"):
+        return reward
+    from mmyatt.engines.megatron_group import group_reward as wrap
+
+    return wrap(reward, dist)
 
 
 def build_engines(cfg, dist, policy):

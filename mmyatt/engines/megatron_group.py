@@ -11,9 +11,11 @@ consecutive ranks of a tensor-parallel group (megatron-core's layout) are one co
   all-reduce) run over the data-parallel group, where each controller counts once.
 - Generation runs on the group's first rank only; the rollout (and that rank's RNG
   state, so every later draw agrees) is broadcast to the others
-  (``MegatronTextPolicy.generate``). Rewards are computed on every rank from the same
-  outputs; judge rewards are refused (``check_engines``), since two calls to a judge
-  could answer differently.
+  (``MegatronTextPolicy.generate``). Scoring too: the group's first rank calls the
+  rewards (rules and judges) and broadcasts rewards, parts and verdicts, or its judge
+  error, over a gloo group of its own (:class:`GroupReward`), so the group agrees on
+  rewards even where two calls to a judge could answer differently, and the judges see
+  one request per sample, as with one process per controller.
 - The Megatron forward and backward of the loss are the tensor-parallel collectives;
   the gradient norm adds the squared norms of split weights over the group and counts
   replicated ones (RMSNorm weights) once (:func:`clip_grad_norm_tp`).
@@ -33,6 +35,7 @@ from torch import Tensor
 
 from mmyatt.checkpoint import Checkpointer
 from mmyatt.distributed import Dist
+from mmyatt.rewards.mixture import RewardMixture
 
 
 class GroupDist(Dist):
@@ -150,3 +153,58 @@ def clip_grad_norm_tp(params, max_norm: float) -> Tensor:
         for g in grads:
             g.detach().mul_(coef)
     return torch.tensor(norm, dtype=torch.float32)
+
+
+class GroupReward(RewardMixture):
+    """The rewards of a model-parallel group that is one controller: the group's first
+    rank scores (its judge calls go out once) and broadcasts ``(rewards, parts,
+    verdicts)`` to the group; a judge error there is raised on every rank of the group
+    as a ``JudgeError``, any other error as a ``RuntimeError``, so no rank waits in a
+    broadcast that never comes. The broadcasts run over a gloo group of their own:
+    placement.mode=partial scores chunks in a background thread while the main thread
+    broadcasts the next chunk's rollout over the model-parallel group."""
+
+    def __init__(self, inner: RewardMixture, src: int, group):
+        self.__dict__.update(inner.__dict__)  # terms, last_verdicts, reads_latents
+        self.src, self.group = src, group
+
+    def __call__(self, outputs, records, prompt_ids=None):
+        from mmyatt.rewards.judge_client import JudgeError
+
+        box: list = [None]
+        if tdist.get_rank() == self.src:
+            try:
+                out = super().__call__(outputs, records, prompt_ids)
+            except Exception as e:
+                box[0] = ("judge" if isinstance(e, JudgeError) else "error", repr(e))
+                tdist.broadcast_object_list(box, src=self.src, group=self.group)
+                raise
+            box[0] = ("ok", out, self.last_verdicts)
+        tdist.broadcast_object_list(box, src=self.src, group=self.group)
+        kind, *rest = box[0]
+        if kind == "judge":
+            raise JudgeError(f"the judge calls of this group's first rank failed: {rest[0]}")
+        if kind == "error":
+            raise RuntimeError(f"the rewards of this group's first rank failed: {rest[0]}")
+        out, self.last_verdicts = rest
+        return out
+
+
+def group_reward(reward, dist):
+    """``reward`` as the controller calls it: a :class:`GroupReward` on every process of a
+    model-parallel group when ``dist`` is a :class:`GroupDist`, else ``reward`` itself.
+    Every process must call this (it creates one gloo group per model-parallel group)."""
+    if not isinstance(dist, GroupDist):
+        return reward
+    from megatron.core import parallel_state as ps
+
+    mine = sorted(tdist.get_process_group_ranks(ps.get_model_parallel_group()))
+    every: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(every, mine)
+    groups = sorted({tuple(g) for g in every})
+    own = None
+    for ranks in groups:  # every process creates every group, in the same order
+        g = tdist.new_group(list(ranks), backend="gloo")
+        if list(ranks) == mine:
+            own = g
+    return GroupReward(reward, mine[0], own)

@@ -1,0 +1,173 @@
+"""Rewards of a model-parallel group that is one controller (train.tensor_parallel /
+train.pipeline_parallel > 1, mmyatt/engines/megatron_group.py): the group's first rank
+scores and the group agrees on its rewards, judge rewards included."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from test_cli import ROOT, TINY, mmyatt
+
+# ---------------------------------------------------------------------- GroupReward itself
+
+
+def _group_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as tdist
+
+    from mmyatt.engines.megatron_group import GroupReward
+    from mmyatt.rewards.judge_client import JudgeError, JudgeUnavailableError
+    from mmyatt.rewards.mixture import RewardMixture
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls = []
+
+    def scored(outputs, records, prompt_ids=None):  # a different answer on every rank
+        calls.append(len(outputs))
+        if records[0].get("fail") == "judge":
+            raise JudgeUnavailableError("judge down", ["http://x"], None)
+        if records[0].get("fail") == "bug":
+            raise ValueError("a bug")
+        v = torch.tensor([10.0 * rank + i for i in range(len(outputs))])
+        return v, {"extra": v + 0.5}
+
+    group = tdist.new_group([0, 1], backend="gloo")
+    reward = GroupReward(RewardMixture([("r", scored, 2.0, False)]), 0, group)
+    got = {"names": reward.names}
+    total, parts = reward(["a", "b", "c"], [{}] * 3)
+    got.update(total=total, parts=parts, verdicts=reward.last_verdicts)
+    for kind in ("judge", "bug"):
+        try:
+            reward(["a"], [{"fail": kind}])
+            got[kind] = None
+        except JudgeError as e:
+            got[kind] = ("JudgeError", str(e))
+        except Exception as e:  # noqa: BLE001 - the type is what is checked
+            got[kind] = (type(e).__name__, str(e))
+    got["calls"] = calls
+    torch.save(got, f"{out}.{rank}")
+    tdist.barrier()
+    tdist.destroy_process_group()
+
+
+def test_group_reward_first_rank_scores_for_the_group(tmp_path):
+    """Only the group's first rank calls the reward; the other gets its rewards, parts
+    and verdicts (a reward that answers differently per rank shows whose they are), and
+    a judge error there becomes a JudgeError on every rank, any other a RuntimeError."""
+    import torch.multiprocessing as mp
+
+    from mmyatt.distributed import free_port
+
+    out = str(tmp_path / "got")
+    mp.start_processes(
+        _group_rank, args=(free_port(), out), nprocs=2, start_method="fork", join=True
+    )
+    a, b = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+    assert a["calls"] == [3, 1, 1] and b["calls"] == []  # the second rank never scored
+    assert torch.equal(a["total"], torch.tensor([0.0, 2.0, 4.0]))  # 2 x rank 0's values
+    assert torch.equal(b["total"], a["total"])
+    assert a["parts"].keys() == b["parts"].keys() == {"r", "extra"}
+    for k in a["parts"]:
+        assert torch.equal(a["parts"][k], b["parts"][k])
+    assert a["verdicts"] == b["verdicts"] == [{}, {}, {}]
+    assert a["names"] == b["names"] == ["r"]
+    assert a["judge"][0] == b["judge"][0] == "JudgeError"
+    assert "judge down" in b["judge"][1] and "first rank" in b["judge"][1]
+    assert a["bug"][0] == "ValueError" and b["bug"][0] == "RuntimeError"
+    assert "a bug" in b["bug"][1]
+
+
+# ---------------------------------------------------------------------- judged runs
+YES = list("abcdefghijklmABCDEFGHIJKLM01234\n +")
+NO = list("nopqrstuvwxyzNOPQRSTUVWXYZ56789.,?=")
+CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. Yes", "No"] * 40
+
+
+def _rows(run, name):
+    return [json.loads(x) for x in (run / name).read_text().splitlines()]
+
+
+def _series(run, key):
+    return torch.tensor([r[key] for r in _rows(run, "metrics.jsonl") if key in r])
+
+
+@pytest.mark.slow  # a 1-process and two 2-process runs, each starting a judge server
+def test_judged_tensor_and_pipeline_parallel_equal_one_process(tmp_path):
+    """GenRM rewards from a judge the run starts (a tiny judge model; the reward is the
+    mass of half its characters against the other half's, continuous in its logits, plus
+    a rule): train.tensor_parallel=2 and train.pipeline_parallel=2 (one controller of 2
+    processes, the first rank scores and broadcasts) equal one process over 3 steps:
+    same samples, per-sample rewards and judge verdicts, losses within 1e-6."""
+    pytest.importorskip("megatron.core")
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    judge = build_tiny_text_model(tmp_path / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
+    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    args = [
+        *[a for a in TINY if not a.startswith(("trainer.steps", "reward.functions"))],
+        "trainer.steps=3",
+        "train.backend=megatron",
+        f"reward.judge.model={judge}",
+        "reward.functions=[{name: genrm, kwargs: {template: yes_no_correct, "
+        f"yes_tokens: {json.dumps(YES)}, no_tokens: {json.dumps(NO)}}}}}, "
+        "{name: 'lenreward:reward', weight: 0.5}]",
+    ]
+    runs = {
+        "one": ["distributed.nproc=1"],
+        "tp2": ["distributed.nproc=2", "train.tensor_parallel=2"],
+        "pp2": ["distributed.nproc=2", "train.pipeline_parallel=2"],
+    }
+    for name, extra in runs.items():
+        out = mmyatt(tmp_path, "train", cfg, *args, *extra, "--run-dir", str(tmp_path / name))
+        assert "1 controller(s)" in out.stdout
+    ref = tmp_path / "one"
+    rows = _rows(ref, "rollouts/rank0.jsonl")
+    assert len(rows) == 3 * 16 and all("genrm" in r["verdicts"] for r in rows)
+    assert float(torch.tensor([r["parts"]["genrm"] for r in rows]).std()) > 1e-3
+    for name in ("tp2", "pp2"):
+        run = tmp_path / name
+        got = _rows(run, "rollouts/rank0.jsonl")
+        assert [r["output"] for r in got] == [r["output"] for r in rows], name
+        assert [r["verdicts"]["genrm"]["raw"] for r in got] == [
+            r["verdicts"]["genrm"]["raw"] for r in rows
+        ]
+        # a judge's answers move in the last bits with how its server batches requests
+        # (tests/test_placement_modes.py), so equal here means within float32 rounding
+        torch.testing.assert_close(
+            torch.tensor([r["reward"] for r in got]),
+            torch.tensor([r["reward"] for r in rows]),
+            rtol=0,
+            atol=1e-6,
+            msg=name,
+        )
+        torch.testing.assert_close(
+            _series(run, "train/loss"), _series(ref, "train/loss"), atol=1e-6, rtol=0, msg=name
+        )
+        torch.testing.assert_close(
+            _series(run, "train/grad_norm"), _series(ref, "train/grad_norm"), atol=0, rtol=1e-5
+        )
+        # the second rank scored nothing and wrote no rollouts into the run directory
+        assert not list((run / ".mirror").rglob("*.safetensors"))
+
+
+@pytest.mark.parametrize("key", ["train.tensor_parallel=2", "train.pipeline_parallel=2"])
+def test_judge_rewards_are_accepted_with_model_parallel_groups(key):
+    """Judge rewards with a model-parallel group were a config error; the group's first
+    rank now scores for it."""
+    pytest.importorskip("megatron.core")  # else the config error names its install command
+    from mmyatt.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "train.backend=megatron",
+            key,
+            "distributed.nproc=2",
+            "reward.judge.urls=[http://127.0.0.1:1]",
+            "reward.functions=[{name: genrm}]",
+        ],
+    )
+    assert cfg.reward.judge.urls == ("http://127.0.0.1:1",)
