@@ -13,19 +13,26 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-def pin_process(cores: Sequence[int], pid: int | None = None) -> None:
-    """Run every thread of process ``pid`` (this one by default) on ``cores`` only."""
+def pin_process(cores: Sequence[int], pid: int | None = None) -> int:
+    """Run every thread of process ``pid`` (this one by default) on ``cores`` only.
+    A thread already on exactly ``cores`` is left alone (no affinity call), so pinning to
+    the mask a process already has costs only the reads. Returns the threads moved."""
     pid = os.getpid() if pid is None else pid
     mask = set(int(c) for c in cores)
     if not mask:
         raise ValueError("pin_process: an empty core set")
     tasks = Path(f"/proc/{pid}/task")
     tids = [int(t) for t in os.listdir(tasks)] if tasks.is_dir() else [pid]
+    moved = 0
     for tid in tids:
         try:
+            if os.sched_getaffinity(tid) == mask:
+                continue
             os.sched_setaffinity(tid, mask)
+            moved += 1
         except (ProcessLookupError, FileNotFoundError):  # a thread that just ended
             pass
+    return moved
 
 
 def process_cores(pid: int | None = None) -> list[int]:

@@ -86,6 +86,9 @@ class Placement:
                 judge_threads=self.judge_threads,
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
+        # a pinned plan (colocate, partial) ran since the last shared step: shared must
+        # put the processes back; a run starts as shared leaves it (nothing pinned)
+        self._pinned = False
         self.predicted: float | None = None
         self._in_step = False
         self._acc: dict[str, float] = {}
@@ -180,7 +183,13 @@ class Placement:
 
     def _unpin(self, plan: CorePlan) -> None:
         """Shared under auto: every process back on all the run's cores with the thread
-        counts of shared mode (trainer.threads, reward.judge.threads), the judge awake."""
+        counts of shared mode (trainer.threads, reward.judge.threads), the judge awake.
+        Only after a pinned plan: a shared step after a shared step (or at the start)
+        finds everything as shared mode has it, and makes no affinity or judge call, so
+        auto running shared runs the fixed shared arm's step."""
+        if not self._pinned:
+            return
+        self._pinned = False
         res.pin_process(plan.cores)
         res.set_threads(self.cfg.trainer.threads)
         if self.judges is not None:
@@ -191,6 +200,7 @@ class Placement:
         P = self.dist.world_size
         if self.judges is not None and self.cfg.placement.release_judge:
             self.judges.sleep()  # the first colocate step (or one after partial/shared)
+        self._pinned = True
         self._phase_start()
         res.use_cores(plan.rollout, sharers=P)
         t0 = time.perf_counter()
@@ -223,6 +233,7 @@ class Placement:
 
     def _partial(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
+        self._pinned = True
         self._phase_start()
         if self.judges is not None:
             self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights

@@ -1,0 +1,136 @@
+"""The placement runner's per-step work: what a step under auto touches (affinity calls)
+against the fixed mode it runs. One controller, a stand-in controller and shard (no
+model): only the placement bookkeeping runs."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from mmyatt.config import load_config
+from mmyatt.distributed import Dist
+from mmyatt.metrics import PhaseTimer
+from mmyatt.placement import resources as res
+from mmyatt.placement.config import candidate_plans
+from mmyatt.placement.runner import Placement
+
+SAMPLING = SimpleNamespace(max_new_tokens=4)
+
+
+class Shard:
+    def __init__(self):
+        self.i = 0
+
+    def next_batch(self, n):
+        out = [{"_index": self.i + k} for k in range(n)]
+        self.i += n
+        return out
+
+
+class Ctl:
+    def __init__(self):
+        self.consumed = []
+
+    def generate(self, records, sampling):
+        return list(records)
+
+    def score(self, r, scored=None):
+        return r
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every sched_setaffinity call made (thread id, mask), and in ``calls.pins`` every
+    pin_process call (its cores); affinity restored after."""
+    before = os.sched_getaffinity(0)
+    made = Calls()
+    real, real_pin = os.sched_setaffinity, res.pin_process
+
+    def spy(tid, mask):
+        made.append((tid, set(mask)))
+        real(tid, mask)
+
+    def pin_spy(cores, pid=None):
+        made.pins.append(sorted(cores))
+        return real_pin(cores, pid)
+
+    monkeypatch.setattr(res.os, "sched_setaffinity", spy)
+    monkeypatch.setattr(res, "pin_process", pin_spy)
+    yield made
+    real_pin(sorted(before))
+
+
+class Calls(list):
+    def __init__(self):
+        super().__init__()
+        self.pins: list[list[int]] = []
+
+
+def _steps(pl: Placement, n: int) -> list[str]:
+    ctl, modes = Ctl(), []
+    for _ in range(n):
+        pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())
+        modes.append(pl.end_step()["placement/mode"])
+    return modes
+
+
+def test_pin_process_leaves_threads_already_on_the_cores_alone(calls):
+    cores = sorted(os.sched_getaffinity(0))
+    assert res.pin_process(cores) == 0 and calls == []  # the mask it has: no call
+    if len(cores) > 1:
+        assert res.pin_process(cores[:1]) >= 1 and calls[-1][1] == {cores[0]}
+        n = len(calls)
+        assert res.pin_process(cores[:1]) == 0 and len(calls) == n
+        res.pin_process(cores)
+        assert sorted(os.sched_getaffinity(0)) == cores
+
+
+def test_auto_running_shared_makes_no_affinity_call_until_a_pinned_plan_ran(calls):
+    """Rule reward only: auto profiles shared (warm-up + 2 steps) and its shared steps
+    touch nothing, as the fixed shared mode; after a colocate step the next shared step
+    puts every thread back once, and the one after that again touches nothing."""
+    cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
+    pl = Placement(cfg, Dist(), shard=Shard())
+    assert _steps(pl, 3) == ["shared"] * 3
+    assert calls == [] and calls.pins == []
+    plans = {p.mode: p for p in candidate_plans(cfg)}
+    pl.auto.queue = [plans["colocate"], plans["shared"], plans["shared"]]
+    cores = set(plans["colocate"].cores)
+    assert _steps(pl, 1) == ["colocate"]
+    pinned = len(calls)  # colocate pins rollout and training to its cores (changed or not)
+    assert all(mask == cores for _, mask in calls)
+    pins = len(calls.pins)
+    assert _steps(pl, 2) == ["shared", "shared"]
+    assert calls.pins[pins:] == [sorted(cores)]  # put back once, by the first shared step
+    assert len(calls) == pinned  # its cores were all the cores: no thread had to move
+    assert sorted(os.sched_getaffinity(0)) == sorted(cores)
+
+
+def test_a_shared_step_after_a_pinned_split_puts_the_threads_back_once(calls):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("partial needs 2 cores")
+    cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
+    pl = Placement(cfg, Dist(), shard=Shard())
+    plans = {(p.mode, len(p.rollout)): p for p in candidate_plans(cfg)}
+    shared, part = plans[("shared", len(cores))], plans[("partial", 1)]
+    pl.auto.queue = [part, shared, shared]
+    ctl = Ctl()
+    # partial pins generation to its rollout core; stop before its judge thread runs
+    pl._begin_step()
+    assert pl.plan == part
+    res.use_cores(part.rollout, sharers=1)
+    pl._pinned = True
+    pl._collect_end = pl._t0
+    pl.end_step()
+    assert sorted(os.sched_getaffinity(0)) == list(part.rollout)
+    n = len(calls)
+    pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())  # shared: back on every core
+    pl.end_step()
+    assert sorted(os.sched_getaffinity(0)) == cores and len(calls) > n
+    n = len(calls)
+    pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())  # shared again: nothing to do
+    pl.end_step()
+    assert len(calls) == n
