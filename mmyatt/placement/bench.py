@@ -68,16 +68,23 @@ def _base(policy: Path, steps: int) -> list[str]:
     ]
 
 
-def _judge(judge: Path) -> list[str]:
+def _judge(judge: Path, tokens: int = JUDGE_TOKENS) -> list[str]:
     return [
         "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {JUDGE_TOKENS}}}}}]",
+        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {tokens}}}}}]",
         f"reward.judge.model={judge}",
         "reward.judge.max_batch=64",
     ]
 
 
 RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
+
+# drifting: 16 prompts per step streamed one group at a time (8 chunks per controller,
+# so partial's pipeline fills fast), and a judge whose call (DRIFT_JUDGE_TOKENS per
+# sample) costs about what generation does on partial's rollout core: where splitting the
+# cores pays most (docs/placement.md "The drifting workload")
+DRIFT = ["data.prompts_per_step=16", "placement.stream_groups=1"]
+DRIFT_JUDGE_TOKENS = 12
 
 
 def _train(run_dir: Path, overrides: list[str]) -> None:
@@ -364,7 +371,8 @@ def bench_placement(
                     name = f"{wl}_{mode}_r{k}"
                     arm_base = base + [f"placement.mode={mode}"]
                     if wl == "drifting":
-                        arm = _drift_arm(tmp, name, arm_base, _judge(judge), seg)
+                        j = _judge(judge, DRIFT_JUDGE_TOKENS)
+                        arm = _drift_arm(tmp, name, arm_base + DRIFT, j, seg)
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = _judge(judge) if wl == "judge_heavy" else RULE
@@ -401,6 +409,15 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
         out[mode]["modes_run_per_round"] = [
             a.get("modes_run") or a.get("segment_judge", {}).get("modes_run") for a in arms
         ]
+        for seg in ("segment_rule", "segment_judge"):  # drifting: per segment, over rounds
+            if seg in arms[-1]:
+                per = [a[seg]["step_s"] for a in arms]
+                out[mode][seg] = {
+                    **arms[-1][seg],
+                    "step_s": statistics.fmean(per),
+                    "step_s_per_round": per,
+                    "modes_run_per_round": [a[seg]["modes_run"] for a in arms],
+                }
     return out
 
 
@@ -432,6 +449,20 @@ def _derive(out: dict) -> None:
         best = min(fixed, key=lambda m: t[m])
         out["best_fixed_drifting"] = best
         out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
+        # the drift must change the best fixed mode: each fixed mode is slower than
+        # another on at least one segment (mean s/step of the segment)
+        seg = {
+            name: {m: out["drifting"][m][f"segment_{name}"]["step_s"] for m in fixed}
+            for name in ("rule", "judge")
+        }
+        out["drifting_best_fixed_per_segment"] = {
+            name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()
+        }
+        out["drifting_segment_step_s"] = seg
+        # one best per segment: if they differ, every fixed mode is slower on a segment
+        out["drifting_best_fixed_changes"] = (
+            len(set(out["drifting_best_fixed_per_segment"].values())) > 1
+        )
 
 
 def _save(out: dict, progress) -> None:
