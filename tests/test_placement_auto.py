@@ -182,3 +182,30 @@ def test_auto_profile_all_runs_colocate_then_partial():
     plan, line = a.next_plan()
     assert plan == PARTIAL and "picks partial 1:1" in line
     assert a.predictions == pytest.approx({"colocate": 9.5, "partial 1:1": 8.5})
+
+
+def test_auto_measures_shared_before_settling_when_partial_chunks_hide_its_cost():
+    """Partial streams 8 small chunks per controller: its measured pipeline (generation 4
+    s on 1 core, judging 4 s) hides almost all generation, and shared's bound from it
+    (generation 0.85 x 2, the judge 0.85 x 4, training 1: 6.1 s) is not below 0.97 x
+    partial's 5.5 s (colocate's, its judge on 1 thread, is the same). Shared is still
+    measured once before auto settles; its whole batches are judged twice as fast (2 s)
+    as the chunks were, and auto keeps shared."""
+    part = _measure("partial", 1, 1, gen=4.0, judge=4.0, chunks=8)  # max(4.5, 4.5) + 1
+    shared = _measure("shared", 2, 2, gen=1.5, judge=2.0, threads=1)  # 4.5
+    a = AutoPlacer(
+        PLANS, has_judge=True, start_partial=PARTIAL, profile=2, every=100,
+        judge_threads=threads(),
+    )  # fmt: skip
+    seen = _run(a, [part, part, part])
+    assert a.model.predict(PARTIAL) == pytest.approx(5.5)
+    assert a.model.predict(SHARED, optimistic=True) == pytest.approx(6.1)
+    assert a.model.predict(COLOCATE, optimistic=True) == pytest.approx(6.1)
+    seen += _run(a, [shared, shared])
+    assert [k for k, _ in seen] == ["partial 1:1"] * 3 + ["shared"] * 2
+    assert seen[3][1] == "profiled: auto measures shared (the unpinned baseline)"
+    plan, line = a.next_plan()
+    assert plan == SHARED and line.startswith("measured shared: auto keeps shared")
+    assert a.estimates["shared"] == pytest.approx(4.5)
+    assert a.estimates["partial 1:1"] == pytest.approx(5.5)
+    assert a.baseline_due is False  # once: later choices follow measurements and bounds

@@ -210,7 +210,10 @@ class AutoPlacer:
     promising first, one at a time); otherwise the plan with the lowest estimate is
     taken: the median of its recent measured steps, or the point prediction where it
     has none (and then it is measured for ``profile`` steps before the choice is made
-    again). Without a judge colocate is not a candidate: its phases are shared's, with
+    again). Before auto first settles on a plan other than shared, shared (the unpinned
+    baseline) is measured once: partial's streamed chunks are generated and judged in
+    small batches, so its measurements can hide what whole batches cost, and the bound
+    derived from them can miss shared. Without a judge colocate is not a candidate: its phases are shared's, with
     nothing to release. ``profile_all=True``: warm-up and ``profile`` steps of colocate,
     then ``profile`` steps of partial (with a judge), then the choice."""
 
@@ -262,6 +265,10 @@ class AutoPlacer:
         self.estimates: dict[str, float] = {}
         self.reason = "profiling"
         self.pending_reason: str | None = None
+        # shared, the unpinned baseline, is measured once before auto settles on another
+        # plan: partial's streamed chunks are judged and generated in small batches, so
+        # what they cost says little about whole batches (its bound can miss shared)
+        self.baseline_due = not profile_all and any(p.mode == "shared" for p in candidates)
 
     @staticmethod
     def key(plan: CorePlan) -> str:
@@ -319,6 +326,12 @@ class AutoPlacer:
                 f"against {self.key(best)} {self.estimates[self.key(best)]:.2f}s)"
             )
             return self.current, line
+        shared = next((p for p in self.candidates if p.mode == "shared"), None)
+        if self.baseline_due and shared is not None and best.mode != "shared":
+            if self.measured(shared) is None:  # before settling on another plan
+                self.baseline_due = False
+                self.current, self.verify_in = shared, self.profile
+                return shared, f"{due}: auto measures shared (the unpinned baseline)"
         now = self.estimates.get(self.key(self.current))
         if now is None or self.estimates[self.key(best)] < (1 - self.min_gain) * now:
             self.current = best
@@ -349,6 +362,8 @@ class AutoPlacer:
             self.pending_reason = "drift (" + ", ".join(drifts) + ")"
             return drifts
         self.steps.setdefault(k, []).append(m.step_s)
+        if self.current.mode == "shared":
+            self.baseline_due = False
         if self.verify_in and not self.queue:
             self.verify_in -= 1
             if self.verify_in == 0:
