@@ -68,23 +68,16 @@ def _base(policy: Path, steps: int) -> list[str]:
     ]
 
 
-def _judge(judge: Path, tokens: int = JUDGE_TOKENS) -> list[str]:
+def _judge(judge: Path) -> list[str]:
     return [
         "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {tokens}}}}}]",
+        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {JUDGE_TOKENS}}}}}]",
         f"reward.judge.model={judge}",
         "reward.judge.max_batch=64",
     ]
 
 
 RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
-
-# drifting: 16 prompts per step streamed one group at a time (8 chunks per controller,
-# so partial's pipeline fills fast), and a judge whose call (DRIFT_JUDGE_TOKENS per
-# sample) costs about what generation does on partial's rollout core: where splitting the
-# cores pays most (docs/placement.md "The drifting workload")
-DRIFT = ["data.prompts_per_step=16", "placement.stream_groups=1"]
-DRIFT_JUDGE_TOKENS = 12
 
 
 def _train(run_dir: Path, overrides: list[str]) -> None:
@@ -371,8 +364,7 @@ def bench_placement(
                     name = f"{wl}_{mode}_r{k}"
                     arm_base = base + [f"placement.mode={mode}"]
                     if wl == "drifting":
-                        j = _judge(judge, DRIFT_JUDGE_TOKENS)
-                        arm = _drift_arm(tmp, name, arm_base + DRIFT, j, seg)
+                        arm = _drift_arm(tmp, name, arm_base, _judge(judge), seg)
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = _judge(judge) if wl == "judge_heavy" else RULE
