@@ -317,6 +317,31 @@ def description_check(completion: str, record: dict) -> float:
     return check_details(completion, record)["score"]
 
 
+def attribute_right(completion: str, record: dict, attribute: str) -> float:
+    """1.0 when the answer names the record's true value of ``attribute`` and no other
+    value of it, else 0.0: the check split by attribute, so that a policy that reads
+    colour better while naming shapes from colour alone shows there.
+
+    >>> rec = {"colour": "yellow", "shape": "circle", "direction": None}
+    >>> [attribute_right(a, rec, "shape") for a in ("the yellow circle", "the yellow square", "a yellow")]
+    [1.0, 0.0, 0.0]
+    >>> attribute_right("a yellow circle that is red", rec, "colour")
+    0.0
+    """
+    named = set(_named(completion)[attribute])
+    return float(named == {record[attribute]})
+
+
+def colour_right(completion: str, record: dict) -> float:
+    """:func:`attribute_right` for the colour."""
+    return attribute_right(completion, record, "colour")
+
+
+def shape_right(completion: str, record: dict) -> float:
+    """:func:`attribute_right` for the shape."""
+    return attribute_right(completion, record, "shape")
+
+
 def false_claims(completion: str, record: dict) -> float:
     """How many false attribute values the answer names (:func:`check_details`)."""
     return float(check_details(completion, record)["false"])

@@ -122,6 +122,8 @@ REGISTRY: dict[str, RewardFn] = {
 DESCRIPTION_REWARDS = {
     "describe_check": "description_check",
     "describe_false_claims": "false_claims",
+    "describe_colour": "colour_right",
+    "describe_shape": "shape_right",
     "answer_words": "answer_words",
 }
 

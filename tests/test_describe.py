@@ -42,6 +42,22 @@ def test_check_against_hand_written_answers(answer, record, score, false):
     assert resolve_reward("describe_false_claims")(answer, record) == false
 
 
+@pytest.mark.parametrize(
+    "answer, colour, shape",
+    [
+        ("a red circle", 1.0, 1.0),
+        ("a red square", 1.0, 0.0),  # the shape named from the colour: the check split shows it
+        ("a blue circle", 0.0, 1.0),
+        ("a circle that is red and blue", 0.0, 1.0),
+        ("ainnn is red", 1.0, 0.0),  # the shape word lost
+        ("", 0.0, 0.0),
+    ],
+)
+def test_attribute_checks_against_hand_written_answers(answer, colour, shape):
+    assert resolve_reward("describe_colour")(answer, IMG) == colour
+    assert resolve_reward("describe_shape")(answer, IMG) == shape
+
+
 def test_answer_words_counts_padding():
     f = resolve_reward("answer_words")
     assert f("a red circle", IMG) == 3.0

@@ -92,6 +92,7 @@ def test_recipe_runs_one_step(tmp_path, recipe):
         assert rows[-1]["eval/reward/genrm_parse_failed"] == 0.0
     if recipe == "vlm_genrm_tiny.yaml":  # the judge, the independent check, the guards
         want = {"genrm", "describe_check", "describe_false_claims", "answer_words"}
+        want |= {"describe_colour", "describe_shape"}
         assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
         assert {f"eval/seen/reward/{k}" for k in want} <= set(rows[-1])
     assert any("reward/generated_mean" in r for r in rows)
