@@ -94,19 +94,18 @@ def _series(run, key):
     return torch.tensor([r[key] for r in _rows(run, "metrics.jsonl") if key in r])
 
 
-@pytest.mark.slow  # a 1-process and two 2-process runs, each starting a judge server
-def test_judged_tensor_and_pipeline_parallel_equal_one_process(tmp_path):
-    """GenRM rewards from a judge the run starts (a tiny judge model; the reward is the
-    mass of half its characters against the other half's, continuous in its logits, plus
-    a rule): train.tensor_parallel=2 and train.pipeline_parallel=2 (one controller of 2
-    processes, the first rank scores and broadcasts) equal one process over 3 steps:
-    same samples, per-sample rewards and judge verdicts, losses within 1e-6."""
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """A tiny judge model and the one-process reference run it judges (3 steps): GenRM
+    rewards from a judge the run starts, the mass of half its characters against the
+    other half's (continuous in its logits), plus a rule."""
     pytest.importorskip("megatron.core")
     from mmyatt.models.tiny import build_tiny_text_model
 
-    judge = build_tiny_text_model(tmp_path / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
-    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    root = tmp_path_factory.mktemp("judged")
+    judge = build_tiny_text_model(root / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
     args = [
+        str(ROOT / "configs" / "text_grpo_tiny.yaml"),
         *[a for a in TINY if not a.startswith(("trainer.steps", "reward.functions"))],
         "trainer.steps=3",
         "train.backend=megatron",
@@ -115,42 +114,76 @@ def test_judged_tensor_and_pipeline_parallel_equal_one_process(tmp_path):
         f"yes_tokens: {json.dumps(YES)}, no_tokens: {json.dumps(NO)}}}}}, "
         "{name: 'lenreward:reward', weight: 0.5}]",
     ]
-    runs = {
-        "one": ["distributed.nproc=1"],
-        "tp2": ["distributed.nproc=2", "train.tensor_parallel=2"],
-        "pp2": ["distributed.nproc=2", "train.pipeline_parallel=2"],
-    }
-    for name, extra in runs.items():
-        out = mmyatt(tmp_path, "train", cfg, *args, *extra, "--run-dir", str(tmp_path / name))
-        assert "1 controller(s)" in out.stdout
-    ref = tmp_path / "one"
-    rows = _rows(ref, "rollouts/rank0.jsonl")
+    mmyatt(root, "train", *args, "distributed.nproc=1", "--run-dir", str(root / "one"))
+    rows = _rows(root / "one", "rollouts/rank0.jsonl")
     assert len(rows) == 3 * 16 and all("genrm" in r["verdicts"] for r in rows)
     assert float(torch.tensor([r["parts"]["genrm"] for r in rows]).std()) > 1e-3
-    for name in ("tp2", "pp2"):
-        run = tmp_path / name
-        got = _rows(run, "rollouts/rank0.jsonl")
-        assert [r["output"] for r in got] == [r["output"] for r in rows], name
-        assert [r["verdicts"]["genrm"]["raw"] for r in got] == [
-            r["verdicts"]["genrm"]["raw"] for r in rows
-        ]
-        # a judge's answers move in the last bits with how its server batches requests
-        # (tests/test_placement_modes.py), so equal here means within float32 rounding
-        torch.testing.assert_close(
-            torch.tensor([r["reward"] for r in got]),
-            torch.tensor([r["reward"] for r in rows]),
-            rtol=0,
-            atol=1e-6,
-            msg=name,
-        )
-        torch.testing.assert_close(
-            _series(run, "train/loss"), _series(ref, "train/loss"), atol=1e-6, rtol=0, msg=name
-        )
-        torch.testing.assert_close(
-            _series(run, "train/grad_norm"), _series(ref, "train/grad_norm"), atol=0, rtol=1e-5
-        )
-        # the second rank scored nothing and wrote no rollouts into the run directory
-        assert not list((run / ".mirror").rglob("*.safetensors"))
+    return root, args
+
+
+def _equals_one_process(judged, name: str, *extra: str):
+    root, args = judged
+    run, ref = root / name, root / "one"
+    out = mmyatt(root, "train", *args, "distributed.nproc=2", *extra, "--run-dir", str(run))
+    assert "1 controller(s)" in out.stdout
+    rows, got = _rows(ref, "rollouts/rank0.jsonl"), _rows(run, "rollouts/rank0.jsonl")
+    assert [r["output"] for r in got] == [r["output"] for r in rows]
+    assert [r["verdicts"]["genrm"]["raw"] for r in got] == [
+        r["verdicts"]["genrm"]["raw"] for r in rows
+    ]
+    # a judge's answers move in the last bits with how its server batches requests
+    # (tests/test_placement_modes.py), so equal here means within float32 rounding
+    torch.testing.assert_close(
+        torch.tensor([r["reward"] for r in got]),
+        torch.tensor([r["reward"] for r in rows]),
+        rtol=0,
+        atol=1e-6,
+    )
+    torch.testing.assert_close(
+        _series(run, "train/loss"), _series(ref, "train/loss"), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        _series(run, "train/grad_norm"), _series(ref, "train/grad_norm"), atol=0, rtol=1e-5
+    )
+    # the second rank scored nothing and wrote no state into the run directory
+    assert not list((run / ".mirror").rglob("*.safetensors"))
+    return run
+
+
+@pytest.mark.slow  # a 2-process run starting a judge server (and the reference run)
+@pytest.mark.parametrize("key", ["train.tensor_parallel=2", "train.pipeline_parallel=2"])
+def test_judged_model_parallel_group_equals_one_process(judged, key):
+    """GenRM rewards with a model-parallel group of 2 processes as one controller (its
+    first rank scores and broadcasts) equal one process over 3 steps: same samples,
+    per-sample rewards and judge verdicts, losses within 1e-6."""
+    _equals_one_process(judged, key.split(".")[1], key)
+
+
+@pytest.mark.slow  # a 2-process run starting a judge server (and the reference run)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("train.tensor_parallel=2", "placement.mode=partial", "placement.stream_groups=1"),
+        ("train.pipeline_parallel=2", "placement.mode=colocate"),
+        ("train.tensor_parallel=2", "placement.mode=auto", "placement.profile_steps=1"),
+    ],
+    ids=["tp2-partial", "pp2-colocate", "tp2-auto"],
+)
+def test_judged_placements_with_model_parallel_groups(judged, extra):
+    """placement.mode partial (the group's first rank streams chunks to the judge from a
+    background thread while the main thread broadcasts the next chunk's rollout),
+    colocate and auto (global rank 0 chooses each step's mode for every process: the
+    ranks of a group sum other measurements, and without that broadcast this run hangs
+    when their choices part) with a model-parallel group: the same samples, rewards and
+    losses as the one-process shared run."""
+    mode = extra[1].split("=")[1]
+    run = _equals_one_process(judged, "-".join(x.split("=")[1] for x in extra[:2]), *extra)
+    modes = [r["placement/mode"] for r in _rows(run, "metrics.jsonl") if "placement/mode" in r]
+    assert len(modes) == 3
+    if mode != "auto":
+        assert set(modes) == {mode}
+    else:  # warm-up and profile in partial, then its choice
+        assert modes[:2] == ["partial", "partial"]
 
 
 @pytest.mark.parametrize("key", ["train.tensor_parallel=2", "train.pipeline_parallel=2"])

@@ -153,11 +153,12 @@ def _check_tensor_parallel(cfg) -> None:
             f"{key} with rollout.backend={cfg.rollout.backend} is not implemented "
             "(issue 17); use rollout.backend=hf"
         )
-    p = cfg.placement
-    if p.mode != "shared" or p.balance:
+    if cfg.placement.balance:
         raise ConfigError(
-            f"{key} needs placement.mode=shared and placement.balance=false (issue 17: not "
-            "implemented for tensor-parallel controllers)"
+            f"{key} with placement.balance=true is not implemented (issue 17: the exchange "
+            "moves samples between processes of the whole process group, not between the "
+            "data-parallel controllers that model-parallel groups form); set "
+            "placement.balance=false"
         )
 
 

@@ -40,6 +40,11 @@ class Placement:
     def __init__(self, cfg, dist, shard=None, log=print):
         p = cfg.placement
         self.cfg, self.dist, self.mode = cfg, dist, p.mode
+        # processes that train: a Megatron model-parallel group (train.tensor_parallel /
+        # pipeline_parallel > 1) is one controller of several processes; only its first
+        # rank generates and scores (mmyatt/engines/megatron_group.py)
+        self.group = hasattr(dist, "mirror")
+        self.train_procs = getattr(dist, "processes", dist.world_size)
         ro = cfg.rollout
         # which records each generate call gets (rollout.over_dispatch_ratio; dispatch.py)
         self.dispatch = OverDispatch(
@@ -113,6 +118,8 @@ class Placement:
         self._judge0 = self._judge_stats()
         if self.auto is not None:
             self.plan, line = self.auto.next_plan()
+            if self.group:  # a group's ranks sum other measurements: global rank 0 decides
+                self.plan = self.dist.broadcast_object(self.plan)
             self.predicted = self.auto.predicted(self.plan)
             if line:
                 self.log(f"[placement] {line}", flush=True)
@@ -228,7 +235,7 @@ class Placement:
         if self.judges is not None and self.cfg.placement.release_judge:
             self.judges.sleep()
         self._phase_start()
-        res.use_cores(plan.train, sharers=P)
+        res.use_cores(plan.train, sharers=self.train_procs)
         return r
 
     def _partial(self, ctl, n, sampling, timer, plan: CorePlan):
@@ -284,7 +291,7 @@ class Placement:
             r.verdicts = verdicts
         self._phase_end("generate")
         self._phase_start(judge_too=True)
-        res.use_cores(plan.train, sharers=P)
+        res.use_cores(plan.train, sharers=self.train_procs)
         return r
 
     # ------------------------------------------------------------------ balancing
@@ -338,6 +345,8 @@ class Placement:
             local[f"peak_{name}"] = v
         local = {k: local.get(k, 0.0) for k in sorted(set(local) | set(self._peak_keys()))}
         total = self.dist.sum_many(local)
+        if self.group:  # every process's CPU, the model-parallel groups' other ranks too
+            total["cpu_s"] = _all_processes(local["cpu_s"], self.dist.device)
         mx = {
             k: max(_gather(self.dist, v))
             for k, v in (
@@ -397,6 +406,16 @@ class Placement:
         if not self.cfg.placement.log_memory:
             return []
         return ["peak_generate", "peak_judge", "peak_train"]
+
+
+def _all_processes(value: float, device) -> float:
+    """``value`` summed over every process of the run."""
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    tdist.all_reduce(t)
+    return float(t.item())
 
 
 def _gather(dist, value: float) -> list[float]:
