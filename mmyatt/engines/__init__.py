@@ -151,7 +151,8 @@ def _check_tensor_parallel(cfg) -> None:
     if cfg.rollout.backend != "hf":
         raise ConfigError(
             f"{key} with rollout.backend={cfg.rollout.backend} is not implemented "
-            "(issue 17); use rollout.backend=hf"
+            "(issue 17: the vLLM engine's weight sync is not fed from a Megatron model split "
+            "over a group of processes); use rollout.backend=hf"
         )
     if cfg.placement.balance:
         raise ConfigError(
