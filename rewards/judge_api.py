@@ -39,6 +39,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mmyatt.rewards.judge_batcher import BatcherStopped, Result, Work
+from mmyatt.rewards.judge_http import within
 
 if TYPE_CHECKING:
     from mmyatt.rewards.judge_server import JudgeServer
@@ -254,8 +255,8 @@ async def chat_completion(
         if inline and alone() and batcher.serve_now(work):
             result = work.future.result()
         else:
-            result = await asyncio.wait_for(
-                asyncio.wrap_future(server.batcher.submit(work)), timeout=server.request_timeout_s
+            result = await within(
+                asyncio.wrap_future(batcher.submit(work)), server.request_timeout_s
             )
     except BatcherStopped as error:
         raise APIError(str(error), 503) from error

@@ -34,6 +34,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+_STOP = object()  # queued by stop(): the worker returns
+
 
 class BatcherStopped(RuntimeError):
     """The batcher is shutting down: the request was not served (HTTP 503)."""
@@ -130,21 +132,27 @@ class Batcher:
     def stop(self) -> None:
         with self._submit_lock:
             self._stop.set()
+            self.queue.put(_STOP)  # wakes the worker, which sleeps on the queue
         self.thread.join(timeout=30)
         while True:  # fail whatever is still queued
             try:
                 work = self.queue.get_nowait()
             except queue.Empty:
                 break
-            work.future.set_exception(BatcherStopped("the judge server stopped"))
+            if work is not _STOP:
+                work.future.set_exception(BatcherStopped("the judge server stopped"))
 
     def _gather(self, first: Work) -> list[Work]:
         batch = [first]
         while len(batch) < self.max_batch:  # everything already waiting
             try:
-                batch.append(self.queue.get_nowait())
+                work = self.queue.get_nowait()
             except queue.Empty:
                 break
+            if work is _STOP:
+                self.queue.put(work)  # seen by the loop after this batch
+                return batch
+            batch.append(work)
         want = min(self.max_batch, self._expected)
         if len(batch) < want and self.batch_wait_s > 0:
             with self.lock:
@@ -155,17 +163,22 @@ class Batcher:
                 if remaining <= 0:
                     break
                 try:
-                    batch.append(self.queue.get(timeout=remaining))
+                    work = self.queue.get(timeout=remaining)
                 except queue.Empty:
                     break
+                if work is _STOP:
+                    self.queue.put(work)
+                    break
+                batch.append(work)
         return batch
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                first = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                continue
+        while True:  # blocks on the queue: no wake-ups while idle
+            first = self.queue.get()
+            if first is _STOP or self._stop.is_set():
+                if first is not _STOP:
+                    self.queue.put(first)  # failed by stop(), as everything still queued
+                return
             batch = self._gather(first)
             try:
                 self._run(batch)

@@ -63,7 +63,7 @@ import httpx
 import orjson
 from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt
 
-from mmyatt.rewards.judge_http import PooledTransport
+from mmyatt.rewards.judge_http import PooledTransport, within
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -254,7 +254,7 @@ class JudgeClient:
     async def _send(self, method: str, url: httpx.URL | str, body: bytes | None = None):
         """One HTTP exchange through the transport (made on the client's own loop, where
         its connections live); the answer is read whole. No timeout of its own: each
-        attempt is bounded by ``timeout_s`` (``asyncio.wait_for``)."""
+        attempt is bounded by ``timeout_s`` (:func:`judge_http.within`)."""
         if self._transport is None:
             self._transport = PooledTransport()
         headers = self._headers if body is None else self._post_headers
@@ -267,7 +267,7 @@ class JudgeClient:
         return response
 
     async def _get(self, server: _Server, path: str) -> httpx.Response:
-        return await asyncio.wait_for(self._send("GET", server.url + path), self.timeout_s)
+        return await within(self._send("GET", server.url + path), self.timeout_s)
 
     def close(self) -> None:
         """Close pooled connections and stop the client's loop (and its thread)."""
@@ -438,7 +438,7 @@ class JudgeClient:
             body = dict(request)
             if body.get("model") is None:
                 body["model"] = self.model or await self._model_name(server)
-            response = await asyncio.wait_for(self._post_chat(server, body), self.timeout_s)
+            response = await within(self._post_chat(server, body), self.timeout_s)
         except (_RetryableError, httpx.TransportError, OSError, asyncio.TimeoutError) as error:
             if isinstance(error, asyncio.TimeoutError):
                 error = _RetryableError(f"no answer within {self.timeout_s:g} s")

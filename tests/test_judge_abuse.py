@@ -217,3 +217,66 @@ def test_a_lone_one_forward_request_is_served_in_the_event_loop():
         assert s.stats["requests"] == 19 and s.stats["errors"] == 0
     finally:
         s.stop()
+
+
+def test_the_idle_worker_sleeps_on_the_queue_and_stop_fails_what_is_queued(monkeypatch):
+    """No timed polling while idle (each poll is a wake-up of the server's core); stop()
+    still wakes the worker at once and answers what was queued with BatcherStopped."""
+    import queue as queue_module
+    import threading
+
+    from mmyatt.rewards import judge_batcher
+    from mmyatt.rewards.judge_batcher import Batcher, BatcherStopped, Work
+
+    gets: list[float | None] = []
+
+    class CountingQueue(queue_module.Queue):
+        def get(self, block=True, timeout=None):
+            gets.append(timeout)
+            return super().get(block, timeout)
+
+    monkeypatch.setattr(judge_batcher.queue, "Queue", CountingQueue)
+    release = threading.Event()
+
+    class Blocking(FakeJudge):
+        def next_token_logprobs(self, batch, k):
+            release.wait(10)
+            return super().next_token_logprobs(batch, k)
+
+    b = Batcher(Blocking(), max_batch=1, batch_wait_ms=0)
+    time.sleep(0.3)
+    assert gets == [None]  # one blocking get, no wake-up in 0.3 s (a 50 ms poll made 6)
+    message = [{"role": "user", "content": "x"}]
+    busy = b.submit(Work(message, 1, 0.0, True, 2, 1, None))
+    time.sleep(0.1)  # the worker is inside the model call
+    queued = b.submit(Work(message, 1, 0.0, True, 2, 1, None))
+    stopper = threading.Thread(target=b.stop)
+    stopper.start()
+    release.set()
+    stopper.join(5)
+    assert not stopper.is_alive() and not b.thread.is_alive()
+    assert busy.result(1).top is not None
+    with pytest.raises(BatcherStopped):
+        queued.result(1)
+    with pytest.raises(BatcherStopped):
+        b.submit(Work(message, 1, 0.0, True, 2, 1, None))
+
+
+def test_within_bounds_an_await_in_the_calling_task():
+    import asyncio
+
+    from mmyatt.rewards.judge_http import within
+
+    async def main():
+        outer = asyncio.current_task()
+
+        async def inner():
+            return asyncio.current_task() is outer
+
+        assert await within(inner(), 1.0) is True
+        t0 = time.perf_counter()
+        with pytest.raises(asyncio.TimeoutError):
+            await within(asyncio.sleep(10), 0.05)
+        assert time.perf_counter() - t0 < 2
+
+    asyncio.run(main())
