@@ -121,10 +121,11 @@ def judged(tmp_path_factory):
     return root, args
 
 
-def _equals_one_process(judged, name: str, *extra: str):
+def _equals_one_process(judged, name: str, *extra: str, nproc: int = 2):
     root, args = judged
     run, ref = root / name, root / "one"
-    out = mmyatt(root, "train", *args, "distributed.nproc=2", *extra, "--run-dir", str(run))
+    n = f"distributed.nproc={nproc}"
+    out = mmyatt(root, "train", *args, n, *extra, "--run-dir", str(run))
     assert "1 controller(s)" in out.stdout
     rows, got = _rows(ref, "rollouts/rank0.jsonl"), _rows(run, "rollouts/rank0.jsonl")
     assert [r["output"] for r in got] == [r["output"] for r in rows]
@@ -184,6 +185,17 @@ def test_judged_placements_with_model_parallel_groups(judged, extra):
         assert set(modes) == {mode}
     else:  # warm-up and profile in partial, then its choice
         assert modes[:2] == ["partial", "partial"]
+
+
+@pytest.mark.slow  # a 4-process run on a 2-core machine starting a judge server
+def test_judged_tensor_times_pipeline_parallel_equals_one_process(judged):
+    """TP=2 x PP=2: 4 processes, one controller (each stage split over 2 tensor-parallel
+    ranks; the gradient norm sums split weights over the tensor-parallel group, then the
+    stages; log-probs broadcast along each pipeline) equal one process over 3 steps."""
+    run = _equals_one_process(
+        judged, "tp2xpp2", "train.tensor_parallel=2", "train.pipeline_parallel=2", nproc=4
+    )
+    assert sorted(p.name for p in (run / ".mirror").iterdir()) == ["rank1", "rank2", "rank3"]
 
 
 @pytest.mark.parametrize("key", ["train.tensor_parallel=2", "train.pipeline_parallel=2"])

@@ -82,11 +82,6 @@ def check_engines(cfg) -> None:
                 f"train.tensor_parallel and train.pipeline_parallel must be >= 1, got "
                 f"{t.tensor_parallel} and {t.pipeline_parallel}"
             )
-        if t.tensor_parallel > 1 and t.pipeline_parallel > 1:
-            raise ConfigError(
-                "train.tensor_parallel > 1 together with train.pipeline_parallel > 1 is not "
-                "implemented (issue 17: untested); use one of them"
-            )
         if t.tensor_parallel * t.pipeline_parallel > 1:
             _check_tensor_parallel(cfg)
         _require(cfg, "megatron", "train.backend=megatron")
@@ -133,11 +128,17 @@ def _check_tensor_parallel(cfg) -> None:
     (mmyatt/engines/megatron_group.py); what that does not cover is refused here."""
     from mmyatt.config import ConfigError
 
-    tp, n = cfg.train.tensor_parallel, cfg.distributed.nproc
-    key = f"train.tensor_parallel={tp}"
-    if cfg.train.pipeline_parallel > 1:  # a pipeline group is one controller the same way
-        tp = cfg.train.pipeline_parallel
-        key = f"train.pipeline_parallel={tp}"
+    t, n = cfg.train, cfg.distributed.nproc
+    # a pipeline group, or a TP x PP model-parallel group, is one controller the same way
+    tp = t.tensor_parallel * t.pipeline_parallel
+    key = " x ".join(
+        f"train.{k}={v}"
+        for k, v in (
+            ("tensor_parallel", t.tensor_parallel),
+            ("pipeline_parallel", t.pipeline_parallel),
+        )
+        if v > 1
+    )
     if n % tp:
         raise ConfigError(
             f"{key} needs distributed.nproc to be a multiple of it (got {n}): each group of "
@@ -146,7 +147,7 @@ def _check_tensor_parallel(cfg) -> None:
     if cfg.data.prompts_per_step % (n // tp):
         raise ConfigError(
             f"{key}: data.prompts_per_step ({cfg.data.prompts_per_step}) must divide over the "
-            f"{n // tp} controller(s) (distributed.nproc / tensor_parallel)"
+            f"{n // tp} controller(s) (distributed.nproc / the group's processes)"
         )
     if cfg.rollout.backend != "hf":
         raise ConfigError(

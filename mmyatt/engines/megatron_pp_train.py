@@ -171,7 +171,13 @@ class PipelineTextPolicy(MegatronTextPolicy):
         else:
             both = torch.empty((2, *shape), dtype=torch.float32)
         both = both.float().contiguous()
-        tdist.broadcast(both, src=ps.get_pipeline_model_parallel_last_rank(), group=self._group())
+        # over this rank's pipeline: with TP x PP, each tensor-parallel rank's last stage
+        # holds the same whole-vocabulary log-probs (parallel_output=False)
+        tdist.broadcast(
+            both,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+        )
         return both[0].clone(), both[1].clone()
 
     def _pipeline_backward(self, batches: list[dict], g_lp: Tensor, g_ent: Tensor) -> None:
@@ -206,22 +212,34 @@ def _weights(model) -> dict[str, Tensor]:
 def clip_grad_norm_pp(model, params, max_norm: float) -> Tensor:
     """``clip_grad_norm_`` over the pipeline's stages: every stage's squared norm summed
     over the pipeline group, the last stage's copy of tied embeddings not counted;
-    every stage scales by the same factor. Returns the global norm (float32)."""
+    with TP inside the stages, split weights' squared norms summed over the
+    tensor-parallel group first, replicated ones counted once; every rank scales by the
+    same factor. Returns the global norm (float32)."""
     from megatron.core import parallel_state as ps
 
     skip = None
     if _tied_copy(model):
         skip = model.shared_embedding_or_output_weight()
-    sq = torch.zeros((), dtype=torch.float64)
+    split = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
     grads = []
     for p in params:
         if p.grad is None:
             continue
         grads.append(p.grad)
-        if p is not skip:
-            sq += p.grad.detach().double().square().sum().cpu()
+        if p is skip:
+            continue
+        sq = p.grad.detach().double().square().sum().cpu()
+        if getattr(p, "tensor_model_parallel", False):
+            split += sq
+        else:
+            replicated += sq
     dev = grads[0].device if grads else torch.device("cpu")
-    s = sq.to(dev)
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        t = split.to(dev)
+        tdist.all_reduce(t, group=ps.get_tensor_model_parallel_group())
+        split = t.cpu()
+    s = (split + replicated).to(dev)
     tdist.all_reduce(s, group=ps.get_pipeline_model_parallel_group())
     norm = math.sqrt(float(s.cpu()))
     coef = max_norm / (norm + 1e-6)
