@@ -28,12 +28,18 @@ class Dist:
     """This controller's place in the group, and sums over all controllers."""
 
     group = None  # the process group sums run over (None: every process)
+    # a controller that spans a model-parallel group of processes (Megatron TP / PP,
+    # engines/megatron_group.GroupDist); mirror: a rank of such a group other than its
+    # first, which runs the loop and writes nothing
+    model_parallel = False
+    mirror = False
 
     def __init__(
         self, rank: int = 0, world_size: int = 1, device: str = "cpu", backend: str | None = None
     ):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self.backend = backend  # the process group's backend; None for a lone controller
+        self.processes = world_size  # processes that train (a group's: all of its ranks)
 
     def describe(self) -> str:
         """One line saying where this controller trains (printed by rank 0 at start)."""

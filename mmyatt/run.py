@@ -173,7 +173,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
         # is one controller; its first rank scores (group_reward), the others write only
         # into a private directory
         dist = controller_dist(cfg, dist)
-        mirror = getattr(dist, "mirror", False)
+        mirror = dist.mirror
         torch.manual_seed(cfg.trainer.seed)
         from mmyatt.controller import Controller
 
@@ -197,7 +197,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
 
         close_engines()  # a vLLM rollout engine leaves before the process group it uses
         shutdown()
-    if not dist.active and getattr(dist, "processes", 1) == 1:  # else the launcher prints it
+    if not dist.active and dist.processes == 1:  # else the launcher prints it
         print_summary(rd)
     return 0
 
@@ -207,7 +207,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     log = ctl.logger
     say = print if dist.is_main else (lambda *a, **k: None)
     checkpointer = Checkpointer
-    if getattr(dist, "mirror", False):  # reads the run's checkpoints, writes none
+    if dist.mirror:  # reads the run's checkpoints, writes none
         from mmyatt.engines.megatron_group import MirrorCheckpointer as checkpointer
     ck = checkpointer(
         ctl.run_dir / "checkpoints" / "state",

@@ -344,7 +344,7 @@ def group_reward(reward, dist):
     """The controller's reward: ``reward``, or where a model-parallel group of processes
     is one controller, the group's first rank scores and broadcasts
     (``megatron_group.GroupReward``)."""
-    if not hasattr(dist, "mirror"):
+    if not dist.model_parallel:
         return reward
     from mmyatt.engines.megatron_group import group_reward as wrap
 

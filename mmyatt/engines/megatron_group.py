@@ -44,6 +44,8 @@ class GroupDist(Dist):
     every process (the group's ranks must take the same branches); only global rank 0
     is ``is_main``."""
 
+    model_parallel = True
+
     def __init__(self, base: Dist, tp: int, pp: int = 1):
         from megatron.core import parallel_state as ps
 

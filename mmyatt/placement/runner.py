@@ -43,8 +43,8 @@ class Placement:
         # processes that train: a Megatron model-parallel group (train.tensor_parallel /
         # pipeline_parallel > 1) is one controller of several processes; only its first
         # rank generates and scores (mmyatt/engines/megatron_group.py)
-        self.group = hasattr(dist, "mirror")
-        self.train_procs = getattr(dist, "processes", dist.world_size)
+        self.group = dist.model_parallel
+        self.train_procs = dist.processes
         ro = cfg.rollout
         # which records each generate call gets (rollout.over_dispatch_ratio; dispatch.py)
         self.dispatch = OverDispatch(
