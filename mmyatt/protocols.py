@@ -154,6 +154,15 @@ class RolloutStats(Protocol):
 
 
 @runtime_checkable
+class MediaPrompts(Protocol):
+    """A policy whose prompts hold images or video (the VLMs): the placeholder tokens
+    its prompts expand (a vLLM rollout engine sends such prompts as multimodal inputs)."""
+
+    image_token_id: int
+    video_token_id: int
+
+
+@runtime_checkable
 class SupervisedPolicy(Protocol):
     """A supervised loss on manifest records (``mmyatt sft``)."""
 

@@ -106,3 +106,13 @@ def test_the_engine_does_not_probe_policies_with_hasattr():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
                 target = ast.unparse(node.args[0])
                 assert "policy" not in target, f"{name}:{node.lineno}: hasattr({target}, ...)"
+
+
+def test_media_prompts_marks_a_vlm_under_the_engine_wrappers():
+    from mmyatt.engines import EnginePolicy
+    from mmyatt.engines.vllm_vlm import is_vlm
+    from mmyatt.models.vlm import VLMPolicy
+
+    vlm = VLMPolicy.load(str(ROOT / "models" / "builtin" / "tiny_judge"))
+    assert is_vlm(vlm) and is_vlm(EnginePolicy(vlm, engine=None))
+    assert not is_vlm(BanditPolicy()) and not is_vlm(EnginePolicy(BanditPolicy(), engine=None))

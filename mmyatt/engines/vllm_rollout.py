@@ -142,8 +142,10 @@ class VLLMRolloutPolicy:
     # ------------------------------------------------------------------ engine
     def _adapter(self):
         """The TextPolicy under any engine wrappers (for prompts, pad, temperature)."""
+        from mmyatt.engines import EnginePolicy
+
         p = self._inner
-        while hasattr(p, "inner"):
+        while isinstance(p, (EnginePolicy, VLLMRolloutPolicy)):
             p = p.inner
         return p
 
@@ -254,7 +256,9 @@ class VLLMRolloutPolicy:
             llm.sleep(level=self.cfg.sleep_level)
             self._asleep = True
             self.timings["rollout/sleep_s"] = time.perf_counter() - t0
-        if hasattr(self._inner, "filler") and len(r) >= 2:
+        from mmyatt.engines import EnginePolicy
+
+        if isinstance(self._inner, EnginePolicy) and len(r) >= 2:
             self._inner.filler = r.select([0, 1])
         return r
 

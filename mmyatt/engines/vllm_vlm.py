@@ -38,7 +38,9 @@ CPU_SITE = Path(__file__).with_name("cpu_site")
 
 def is_vlm(policy) -> bool:
     """Whether the adapter under the engine wrappers is a VLM (it has vision tokens)."""
-    return hasattr(policy, "image_token_id") and hasattr(policy, "_prepare")
+    from mmyatt.protocols import MediaPrompts
+
+    return isinstance(policy, MediaPrompts)
 
 
 def cpu_torchvision_compat() -> bool:
