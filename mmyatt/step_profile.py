@@ -161,12 +161,17 @@ def profile_controller(ctl, out: str | Path) -> StepProfile:
     (JSON: per-step seconds by kind and the summary)."""
     prof = StepProfile()
     instrument_common(prof, ctl.optimizer)
-    if hasattr(ctl.policy, "tokenizer") and hasattr(ctl.policy, "model"):
-        instrument_text_policy(prof, ctl.policy)
+    from mmyatt.engines import EnginePolicy
+    from mmyatt.models.text import TextPolicy
+
+    policy = ctl.policy
+    while isinstance(policy, EnginePolicy):  # a sharding engine's wrapper
+        policy = policy.inner
+    if isinstance(policy, TextPolicy):
+        instrument_text_policy(prof, policy)
     ctl.reward = prof.timed("reward", ctl.reward)
     for name in ("sum", "sum_many", "sum_grads", "any", "gather_ints", "barrier"):
-        if hasattr(ctl.dist, name):
-            prof.patch(ctl.dist, name, "communication")
+        prof.patch(ctl.dist, name, "communication")
     step = ctl.step
     out = Path(out)
 
