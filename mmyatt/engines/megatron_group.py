@@ -127,29 +127,40 @@ def broadcast_rollout(out, tp_group_first: int, group):
     return rollout
 
 
-def clip_grad_norm_tp(params, max_norm: float) -> Tensor:
-    """``clip_grad_norm_`` over a tensor-parallel model: split weights' squared norms
-    summed over the tensor-parallel group, replicated ones counted once; every rank
-    scales its shards by the same factor. Returns the global norm (float32)."""
+def clip_grad_norm_tp(params, max_norm: float, *, skip=None, stages: bool = False) -> Tensor:
+    """``clip_grad_norm_`` over a model-parallel model: split weights' squared norms
+    summed over the tensor-parallel group, replicated ones counted once; with
+    ``stages`` (pipeline parallel) the result summed over the pipeline group too, with
+    ``skip`` (a parameter: the last stage's copy of tied embeddings) left out of the
+    norm but scaled. Every rank scales its shards by the same factor. Returns the
+    global norm (float32)."""
     from megatron.core import parallel_state as ps
 
     split = torch.zeros((), dtype=torch.float64)
     replicated = torch.zeros((), dtype=torch.float64)
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = []
     for p in params:
         if p.grad is None:
+            continue
+        grads.append(p.grad)
+        if p is skip:
             continue
         sq = p.grad.detach().double().square().sum().cpu()
         if getattr(p, "tensor_model_parallel", False):
             split += sq
         else:
             replicated += sq
+    dev = grads[0].device if grads else torch.device("cpu")
     if ps.get_tensor_model_parallel_world_size() > 1:
-        dev = grads[0].device if grads else torch.device("cpu")
         s = split.to(dev)
         tdist.all_reduce(s, group=ps.get_tensor_model_parallel_group())
         split = s.cpu()
-    norm = math.sqrt(float(split + replicated))
+    total = split + replicated
+    if stages:
+        s = total.to(dev)
+        tdist.all_reduce(s, group=ps.get_pipeline_model_parallel_group())
+        total = s.cpu()
+    norm = math.sqrt(float(total))
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:
         for g in grads:

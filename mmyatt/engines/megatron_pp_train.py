@@ -30,8 +30,6 @@ the tensor-parallel ones, so a run resumes exactly.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
@@ -215,38 +213,10 @@ def clip_grad_norm_pp(model, params, max_norm: float) -> Tensor:
     with TP inside the stages, split weights' squared norms summed over the
     tensor-parallel group first, replicated ones counted once; every rank scales by the
     same factor. Returns the global norm (float32)."""
-    from megatron.core import parallel_state as ps
+    from mmyatt.engines.megatron_group import clip_grad_norm_tp
 
-    skip = None
-    if _tied_copy(model):
-        skip = model.shared_embedding_or_output_weight()
-    split = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    grads = []
-    for p in params:
-        if p.grad is None:
-            continue
-        grads.append(p.grad)
-        if p is skip:
-            continue
-        sq = p.grad.detach().double().square().sum().cpu()
-        if getattr(p, "tensor_model_parallel", False):
-            split += sq
-        else:
-            replicated += sq
-    dev = grads[0].device if grads else torch.device("cpu")
-    if ps.get_tensor_model_parallel_world_size() > 1:
-        t = split.to(dev)
-        tdist.all_reduce(t, group=ps.get_tensor_model_parallel_group())
-        split = t.cpu()
-    s = (split + replicated).to(dev)
-    tdist.all_reduce(s, group=ps.get_pipeline_model_parallel_group())
-    norm = math.sqrt(float(s.cpu()))
-    coef = max_norm / (norm + 1e-6)
-    if coef < 1.0:
-        for g in grads:
-            g.detach().mul_(coef)
-    return torch.tensor(norm, dtype=torch.float32)
+    skip = model.shared_embedding_or_output_weight() if _tied_copy(model) else None
+    return clip_grad_norm_tp(params, max_norm, skip=skip, stages=True)
 
 
 def optimizer_state_pp(model, optimizer, hf_cfg) -> dict:
