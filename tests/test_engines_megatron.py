@@ -318,28 +318,16 @@ def _series(run, key):
     return torch.tensor([r[key] for r in rows if key in r])
 
 
-@pytest.mark.slow  # a 1-process and a 2-process run
-@needs_megatron
-def test_train_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
-    """`mmyatt train` with train.tensor_parallel=2 on 2 processes (one controller: the
-    group's first rank generates, both run the loss on their shards) equals the
-    one-process TP=1 run: same samples and rewards, losses and gradient norms within
-    rounding, exported weights within the AdamW rounding allowance of the other
-    engine tests; only the first rank writes into the run directory."""
+def _parallel_equals_one_process(tmp_path, flag: str):
+    """3 steps of one process and of 2 processes with ``flag`` (one controller): same
+    samples and rewards, losses and gradient norms within rounding, exported weights
+    within the AdamW rounding allowance of the other engine tests; only the first rank
+    writes into the run directory. Returns the two run directories."""
     args = _tp_train_args(tmp_path, "trainer.steps=3")
-    a, b = tmp_path / "tp1", tmp_path / "tp2"
+    a, b = tmp_path / "one", tmp_path / "two"
     cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
     mmyatt(tmp_path, "train", cfg, *args, "distributed.nproc=1", "--run-dir", str(a))
-    out = mmyatt(
-        tmp_path,
-        "train",
-        cfg,
-        *args,
-        "distributed.nproc=2",
-        "train.tensor_parallel=2",
-        "--run-dir",
-        str(b),
-    )
+    out = mmyatt(tmp_path, "train", cfg, *args, "distributed.nproc=2", flag, "--run-dir", str(b))
     assert "1 controller(s)" in out.stdout
     from safetensors.torch import load_file
 
@@ -351,7 +339,7 @@ def test_train_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
     move = torch.cat([(wa[k] - base[k]).abs().flatten() for k in wa])
     assert float(diff.max()) < 5e-4 and float(move.mean()) > 1e-2
     assert float((diff > 1e-6).float().mean()) < 0.01 and float(diff.mean()) < 1e-6
-    # the rollouts are the TP=1 run's: rewards equal exactly
+    # the rollouts are the one-process run's: rewards equal exactly
     ra, rb = _series(a, "reward/generated_mean"), _series(b, "reward/generated_mean")
     assert len(ra) == 3 and torch.equal(ra, rb)
     torch.testing.assert_close(
@@ -364,6 +352,43 @@ def test_train_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
     assert sorted(p.name for p in (b / "rollouts").iterdir()) == sorted(
         p.name for p in (a / "rollouts").iterdir()
     )
+    return a, b
+
+
+def resumes_exactly(tmp_path, *args) -> dict:
+    """``mmyatt train *args`` (a config path first, checkpoint.save_every=2): 4 steps
+    uninterrupted and 2 steps + a resume to 4 give the same run-state checkpoint, the
+    same exported weights and the same losses, bit for bit. Returns the checkpoint's
+    tensors (for the caller's checks of what it holds)."""
+    from safetensors.torch import load_file
+
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", *args, "trainer.steps=4", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", *args, "trainer.steps=2", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", *args, "trainer.steps=4", "--run-dir", str(parts))
+    assert "continuing at step 3" in out.stdout
+    sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
+    sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    wa = load_file(str(full / "checkpoints" / "final" / "model.safetensors"))
+    wb = load_file(str(parts / "checkpoints" / "final" / "model.safetensors"))
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert torch.equal(_series(full, "train/loss"), _series(parts, "train/loss"))
+    return sa
+
+
+@pytest.mark.slow  # a 1-process and a 2-process run
+@needs_megatron
+def test_train_tensor_parallel_2_equals_tensor_parallel_1(tmp_path):
+    """`mmyatt train` with train.tensor_parallel=2 on 2 processes (one controller: the
+    group's first rank generates, both run the loss on their shards) equals the
+    one-process TP=1 run: same samples and rewards, losses and gradient norms within
+    rounding, exported weights within the AdamW rounding allowance of the other
+    engine tests; only the first rank writes into the run directory."""
+    _parallel_equals_one_process(tmp_path, "train.tensor_parallel=2")
 
 
 @pytest.mark.slow  # three 2-process runs
@@ -374,24 +399,8 @@ def test_train_tensor_parallel_2_resumes_exactly(tmp_path):
     args = _tp_train_args(
         tmp_path, "distributed.nproc=2", "train.tensor_parallel=2", "checkpoint.save_every=2"
     )
-    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
-    from safetensors.torch import load_file
-
-    sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
-    sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
-    assert any("exp_avg_sq" in k for k in sa) and sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
-    wa = load_file(str(full / "checkpoints" / "final" / "model.safetensors"))
-    wb = load_file(str(parts / "checkpoints" / "final" / "model.safetensors"))
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
-    assert torch.equal(_series(full, "train/loss"), _series(parts, "train/loss"))
+    sa = resumes_exactly(tmp_path, str(ROOT / "configs" / "text_grpo_tiny.yaml"), *args)
+    assert any("exp_avg_sq" in k for k in sa)
 
 
 # ------------------------------------------------------- a pipeline-parallel group as one controller
@@ -426,42 +435,7 @@ def test_train_pipeline_parallel_2_equals_pipeline_parallel_1(tmp_path):
     schedule with the loss on the last stage) equals the one-process run: same rollouts
     and rewards, losses and gradient norms within rounding, exported weights within the
     allowance of the TP test; only the first rank writes into the run directory."""
-    args = _tp_train_args(tmp_path, "trainer.steps=3")
-    a, b = tmp_path / "pp1", tmp_path / "pp2"
-    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
-    mmyatt(tmp_path, "train", cfg, *args, "distributed.nproc=1", "--run-dir", str(a))
-    out = mmyatt(
-        tmp_path,
-        "train",
-        cfg,
-        *args,
-        "distributed.nproc=2",
-        "train.pipeline_parallel=2",
-        "--run-dir",
-        str(b),
-    )
-    assert "1 controller(s)" in out.stdout
-    from safetensors.torch import load_file
-
-    wa = load_file(str(a / "checkpoints" / "final" / "model.safetensors"))
-    wb = load_file(str(b / "checkpoints" / "final" / "model.safetensors"))
-    base = load_file(str(a / "base_model" / "model.safetensors"))
-    assert wa.keys() == wb.keys()
-    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
-    move = torch.cat([(wa[k] - base[k]).abs().flatten() for k in wa])
-    assert float(diff.max()) < 5e-4 and float(move.mean()) > 1e-2
-    assert float((diff > 1e-6).float().mean()) < 0.01 and float(diff.mean()) < 1e-6
-    ra, rb = _series(a, "reward/generated_mean"), _series(b, "reward/generated_mean")
-    assert len(ra) == 3 and torch.equal(ra, rb)
-    torch.testing.assert_close(
-        _series(b, "train/loss"), _series(a, "train/loss"), atol=1e-6, rtol=1e-5
-    )
-    torch.testing.assert_close(
-        _series(b, "train/grad_norm"), _series(a, "train/grad_norm"), atol=0, rtol=1e-5
-    )
-    assert sorted(p.name for p in (b / "rollouts").iterdir()) == sorted(
-        p.name for p in (a / "rollouts").iterdir()
-    )
+    _, b = _parallel_equals_one_process(tmp_path, "train.pipeline_parallel=2")
     assert not list((b / ".mirror").rglob("*.safetensors"))  # the second stage wrote no state
 
 
@@ -473,26 +447,9 @@ def test_train_pipeline_parallel_2_resumes_exactly(tmp_path):
     args = _tp_train_args(
         tmp_path, "distributed.nproc=2", "train.pipeline_parallel=2", "checkpoint.save_every=2"
     )
-    cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
-    from safetensors.torch import load_file
-
-    sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
-    sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
-    assert sa.keys() == sb.keys()
+    sa = resumes_exactly(tmp_path, str(ROOT / "configs" / "text_grpo_tiny.yaml"), *args)
     # moments of the first and the last stage's layers are both there
     layers = {
         k.split("layers.")[1].split(".")[0] for k in sa if "exp_avg_sq" in k and "layers." in k
     }
     assert len(layers) >= 2, sorted(sa)[:20]
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
-    wa = load_file(str(full / "checkpoints" / "final" / "model.safetensors"))
-    wb = load_file(str(parts / "checkpoints" / "final" / "model.safetensors"))
-    for k in wa:
-        assert torch.equal(wa[k], wb[k]), k
-    assert torch.equal(_series(full, "train/loss"), _series(parts, "train/loss"))
