@@ -295,6 +295,8 @@ class Guard:
     def __init__(self, app, server: JudgeServer):
         self.app, self.server = app, server
         self.chats = 0  # chat requests read and not yet answered
+        self._warm_until = 0.0  # the event loop polls without sleeping until then
+        self._warm: asyncio.Task | None = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -382,6 +384,18 @@ class Guard:
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+        if self.server.keep_warm_s > 0:
+            self._warm_until = time.perf_counter() + self.server.keep_warm_s
+            if self._warm is None or self._warm.done():
+                self._warm = asyncio.ensure_future(self._keep_warm())
+
+    async def _keep_warm(self) -> None:
+        """Poll the sockets without sleeping until ``_warm_until`` (``--keep-warm-ms``
+        after the last answer): a client that sends its next request within the window
+        finds the loop running on a warm core instead of waking an idle one."""
+        while time.perf_counter() < self._warm_until:
+            self.server.warm_polls += 1
+            await asyncio.sleep(0)
 
     async def _too_large(self, scope, receive, send):
         error = APIError(f"request body over {self.server.max_body_bytes} bytes", 413)

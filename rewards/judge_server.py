@@ -1,7 +1,8 @@
 """The embedded GenRM judge server: an OpenAI-compatible chat-completions subset.
 
 ``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
-[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]`` (or
+[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]
+[--keep-warm-ms 5]`` (or
 ``python -m mmyatt.rewards.judge_server ...``) serves a local judge model so that
 controllers can call it over HTTP exactly as they would call ``vllm serve``:
 
@@ -65,6 +66,11 @@ __all__ = [
 
 API_KEY_ENV = "MMYATT_GENRM_API_KEY"  # how JudgePool hands the key to child servers
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# ``mmyatt serve-genrm``'s keep-warm window: after an answer the event loop polls this
+# long before it sleeps, so that a lone client's next request (sent ~1 ms later) is read
+# on a core that did not go idle (BENCHMARKS.md, "GenRM serving": server overhead at 1
+# in flight 31% -> 14% on 2 cores)
+KEEP_WARM_MS = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -103,6 +109,7 @@ class JudgeServer:
         log_requests: bool = False,
         device: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        keep_warm_ms: float = 0.0,
     ):
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
         if isinstance(model, (str, Path)):
@@ -119,6 +126,10 @@ class JudgeServer:
         self.max_logprobs = int(max_logprobs)
         self.max_body_bytes = int(max_body_bytes)
         self.request_timeout_s = float(request_timeout_s)
+        if keep_warm_ms < 0:
+            raise ValueError(f"keep_warm_ms must be >= 0, got {keep_warm_ms}")
+        self.keep_warm_s = float(keep_warm_ms) / 1000.0
+        self.warm_polls = 0  # passes of the event loop spent polling in keep-warm windows
         self.log_requests = log_requests
         self.created = int(time.time())
         if not is_loopback(host):
@@ -165,6 +176,8 @@ class JudgeServer:
         )
         stats["max_batch"] = self.batcher.max_batch
         stats["batch_wait_ms"] = self.batcher.batch_wait_s * 1000.0
+        stats["keep_warm_ms"] = self.keep_warm_s * 1000.0
+        stats["keep_warm_polls"] = self.warm_polls
         return stats
 
     def _server(self):
@@ -277,6 +290,7 @@ def cli_main(args: argparse.Namespace) -> int:
         api_key=api_key,
         max_batch=int(getattr(args, "max_batch", 32)),
         batch_wait_ms=float(getattr(args, "batch_wait_ms", 5.0)),
+        keep_warm_ms=float(getattr(args, "keep_warm_ms", KEEP_WARM_MS)),
         max_logprobs=int(getattr(args, "max_logprobs", 20)),
         model_name=getattr(args, "served_model_name", None),
         log_requests=bool(getattr(args, "log_requests", False)),
@@ -320,6 +334,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="how long a batch may wait for company (only while more requests are expected)",
+    )
+    p.add_argument(
+        "--keep-warm-ms",
+        type=float,
+        default=KEEP_WARM_MS,
+        help="after each answer, poll for the next request this long without sleeping: a "
+        "lone client's next request finds a warm core (0: sleep at once; a judge pool "
+        "sharing cores with training passes 0)",
     )
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")

@@ -159,6 +159,27 @@ def test_dynamic_batching_batches_concurrent_requests():
         single.stop()
 
 
+def test_keep_warm_polls_after_an_answer_then_sleeps():
+    warm = JudgeServer(FakeJudge(), keep_warm_ms=150).start()
+    cold = JudgeServer(FakeJudge(), keep_warm_ms=0).start()
+    try:
+        for s in (warm, cold):
+            status, body = http(f"{s.url}/v1/chat/completions", YES_NO)
+            assert status == 200 and body["choices"][0]["message"]["content"] == "Yes"
+        time.sleep(0.05)  # inside the 150 ms window: the loop is polling
+        assert warm.stats["keep_warm_polls"] > 0 and warm.stats["keep_warm_ms"] == 150
+        time.sleep(0.3)  # the window has closed: no more polls
+        settled = warm.stats["keep_warm_polls"]
+        time.sleep(0.2)
+        assert warm.stats["keep_warm_polls"] == settled
+        assert cold.stats["keep_warm_polls"] == 0
+    finally:
+        warm.stop()
+        cold.stop()
+    with pytest.raises(ValueError, match="keep_warm_ms"):
+        JudgeServer(FakeJudge(), keep_warm_ms=-1)
+
+
 def test_client_retries_a_killed_server_until_it_is_back():
     first = JudgeServer(FakeJudge()).start()
     port = first.port

@@ -13,6 +13,12 @@ training run uses:
   ``server_overhead_1 = 1 - model_ms_1 / wall_ms_1`` with ``wall_ms_1 = 1000 /
   req_per_s_1``: the share of a lone request's time that is not the model (the
   client's and server's HTTP, JSON, validation, queue and thread hops);
+* arms ``new`` (the judge server as a training run's judge pool starts it: no
+  keep-warm window, as it shares cores with the controllers) and ``new_keep_warm``
+  (``mmyatt serve-genrm``'s default: after each answer the event loop polls for
+  ``judge_server.KEEP_WARM_MS`` before it sleeps, so a lone client's next request does not wake an
+  idle core); ``ratio_keep_warm_req_per_s_{1,32}`` compares them, and
+  ``new_keep_warm_server`` reports the CPU seconds both servers used;
 * ``model_req_per_s_32``: the forward alone on the same requests in batches of 32;
 * ``server_overhead_1_by_server_model``: the same share with the model time the server
   itself reports for each answer (its timer around the same model call), median over
@@ -204,6 +210,7 @@ def bench_genrm(
 def _bench(quick: bool, baseline, baseline_client) -> dict:
     from mmyatt.models.tiny import build_tiny_text_model
     from mmyatt.rewards.judge_pool import JudgePool
+    from mmyatt.rewards.judge_server import KEEP_WARM_MS
 
     n1, n32 = (20, 64) if quick else (200, 512)
     rounds = 1 if quick else 5
@@ -228,8 +235,13 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
         model = _ModelOnly(model_dir, bodies[:n1], bodies[:n32], threads)
         servers: dict[str, str] = {}
         procs = []
-        with JudgePool(model_dir, n=1, max_batch=32, batch_wait_ms=5, threads=threads) as pool:
+        common = dict(n=1, max_batch=32, batch_wait_ms=5, threads=threads)
+        with (
+            JudgePool(model_dir, keep_warm_ms=0, **common) as pool,
+            JudgePool(model_dir, keep_warm_ms=KEEP_WARM_MS, **common) as warm_pool,
+        ):
             servers["new"] = pool.urls[0]
+            servers["new_keep_warm"] = warm_pool.urls[0]
             try:
                 if baseline is not None:
                     proc, url = _start_script(Path(baseline), model_dir, Path(tmp), threads)
@@ -254,6 +266,7 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                         b["1"], b["32"] = max(b["1"], r1), max(b["32"], r32)
                         b["model_ms"] += ms1
                 stats = pool.stats()[0]
+                warm_stats = warm_pool.stats()[0]
             finally:
                 for proc in procs:
                     proc.terminate()
@@ -273,8 +286,14 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
             "server_overhead_1_by_server_model": 1.0 - b["same_round"] / wall_ms,
         }
     result["model_only"] = model_only
-    result["new_server_batches"] = {
-        k: stats.get(k) for k in ("requests", "batches", "max_batch_seen", "waited_batches")
+    keys = ("requests", "batches", "max_batch_seen", "waited_batches")
+    result["new_server_batches"] = {k: stats.get(k) for k in keys}
+    result["new_keep_warm_server"] = {
+        **{k: warm_stats.get(k) for k in keys},
+        "keep_warm_ms": warm_stats.get("keep_warm_ms"),
+        "keep_warm_polls": warm_stats.get("keep_warm_polls"),
+        "cpu_s": warm_stats.get("cpu_s"),
+        "cpu_s_without_keep_warm": stats.get("cpu_s"),
     }
     new = result["new"]
     for arm, key in (("baseline", "ratio"), ("baseline_with_its_client", "ratio_pair")):
@@ -283,6 +302,10 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 result[f"{key}_req_per_s_{n}"] = (
                     new[f"req_per_s_{n}"] / result[arm][f"req_per_s_{n}"]
                 )
+    for n in ("1", "32"):  # the keep-warm window (serve-genrm's default) over none
+        result[f"ratio_keep_warm_req_per_s_{n}"] = (
+            result["new_keep_warm"][f"req_per_s_{n}"] / new[f"req_per_s_{n}"]
+        )
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
