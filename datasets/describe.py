@@ -96,6 +96,7 @@ JUDGE_NEGATIVES = (
     "split",
     "conflict",
     "fragment",
+    "junk",
 )
 # How often each kind of wrong description is drawn: mostly the ones only the picture
 # can refute (a wrong colour, shape or direction); the text-only ones (an attribute
@@ -119,6 +120,13 @@ SPLIT_WEIGHTS = {**NEGATIVE_WEIGHTS, "garble": 0.08, "split": 0.12}
 # noun ("a that is purple"): what a policy drifts into when a judge reads only the last
 # colour it names or does not miss the shape.
 CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
+# And ``junk``: a correct description with one to three insertions anywhere (a run of
+# random letters, alone or glued to a word; a colour, shape or direction word, the true
+# one repeated or another; a filler fragment): any text beyond a clean description is
+# "No", whatever form the policy's next drift takes ("a red circle momomomo left", "a
+# green square yellow yellow greenesn down").
+JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
+_FILLERS = ("is", "th", "t", "that", "mo", "mov", "moving", "it", "n", "es")
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -427,6 +435,24 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
         if d:
             options += [f"a {c} moving {d}", f"a that is {c} moving {d}"]
         return options[int(rng.integers(len(options)))]
+    if kind == "junk":  # insertions of random letters, attribute words or fillers
+        words = describe(c, s, d, rng).split()
+        vocab = [*palette, *SHAPES, *DIRECTIONS]
+        for _ in range(int(rng.integers(1, 4))):
+            kind_of = int(rng.integers(4))
+            if kind_of < 2:  # a run of letters, glued to a word or on its own
+                junk = "".join(rng.choice(list("abcdefghijklmnoprstuvwy"), int(rng.integers(2, 9))))
+                k = int(rng.integers(len(words)))
+                if kind_of == 0:
+                    words[k] += junk
+                else:
+                    words.insert(k + 1, junk)
+                continue
+            word = (vocab if kind_of == 2 else _FILLERS)[
+                int(rng.integers(len(vocab) if kind_of == 2 else len(_FILLERS)))
+            ]
+            words.insert(int(rng.integers(1, len(words) + 1)), word)
+        return " ".join(words)
     if kind == "split":  # a word broken by a space, a fragment or word said twice
         words = describe(c, s, d, rng).split()
         for _ in range(int(rng.integers(1, 3))):

@@ -132,7 +132,12 @@ def training_batch(
     )
     if n_score:
         out += judge_records(
-            n_score, seed=seed + 41, extra_colours=extra_colours, score=True, frames=frames
+            n_score,
+            seed=seed + 41,
+            extra_colours=extra_colours,
+            score=True,
+            frames=frames,
+            negative_weights=negative_weights,
         )
     if n_dir:
         out += direction_records(n_dir, seed=seed + 67, frames=frames, extra_colours=extra_colours)

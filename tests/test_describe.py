@@ -220,3 +220,26 @@ def test_conflict_and_fragment_negatives_are_wrong_by_the_check():
                 assert det["false"] >= 1 and det["correct"] == det["attributes"], r["output"]
             assert r["answer"] == "No"
     assert min(kinds.values()) >= 10, kinds
+
+
+def test_junk_negatives_insert_text_into_a_correct_description():
+    """A 'junk' negative is a correct description with one to three insertions (letters,
+    attribute words, fillers): every word of the clean description is still there in
+    order, something was added, it is labelled No and never names a held-out pair."""
+    import re
+
+    recs = d.judge_records(600, seed=5, negative_weights=d.JUNK_WEIGHTS, video_fraction=0.5)
+    junk = [r for r in recs if r["negative_type"] == "junk"]
+    assert len(junk) >= 30
+    for r in junk:
+        assert r["answer"] == "No" and not d._names_heldout(r["output"], r)
+        text = r["output"]
+        # the attribute values of the record are all named (the description is intact)
+        for value in (r["colour"], r["shape"], r["direction"]):
+            if value:
+                assert re.search(value, text), (value, text)
+        assert len(text.split()) >= 2
+    lengths = [len(r["output"]) for r in junk]
+    clean = [len(r["output"]) for r in recs if r["verdict"] == "Yes"]
+    assert sum(lengths) / len(lengths) > sum(clean) / len(clean)  # text was added
+    assert "junk" in d.JUDGE_NEGATIVES
