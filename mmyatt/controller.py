@@ -475,7 +475,10 @@ class Controller:
     def _evaluate(self, s: Sampling, prefix: str) -> dict[str, float]:
         """Eval records may carry "split": "heldout" (combinations no training saw) or
         "seen". Then ``{prefix}/mean`` and its components are the held-out figures, and
-        ``eval/heldout/...`` and ``eval/seen/...`` report both; image and video outputs
+        ``eval/heldout/...`` and ``eval/seen/...`` report both. When the eval records
+        carry more than one "task" (images and clips of one recipe), every reward term is
+        also reported per split and task, ``eval/heldout/<task>/reward/<term>``: a policy
+        that games its judge on one kind of record shows there. Image and video outputs
         also get the texture checks of :mod:`mmyatt.rewards.quality` as
         ``eval/quality/background_hf`` and ``eval/quality/object_hf``."""
         recs = self.eval_records
@@ -485,7 +488,10 @@ class Controller:
         from mmyatt.rewards.judge_client import JudgeError
 
         names = list(getattr(self.reward, "names", []))
-        groups = ("all", "heldout", "seen")
+        # the same groups on every rank, for the all-reduce
+        tasks = self.dist.union(x["task"] for x in recs if x.get("task"))
+        by_task = [f"{g}/{t}" for g in ("heldout", "seen") for t in tasks] if len(tasks) > 1 else []
+        groups = ("all", "heldout", "seen", *by_task)
         sums = {f"{g}/{k}": 0.0 for g in groups for k in ("total", "count", *names)}
         quality = {"background_hf": 0.0, "background_n": 0.0, "object_hf": 0.0, "object_n": 0.0}
         shown = []
@@ -504,7 +510,8 @@ class Controller:
                     error = e
                     break
                 for j, rec in enumerate(out.records):
-                    for g in ("all", rec.get("split")):
+                    split = rec.get("split")
+                    for g in ("all", split, f"{split}/{rec.get('task')}"):
                         if g not in groups:
                             continue
                         sums[f"{g}/total"] += float(rewards[j])
@@ -536,9 +543,11 @@ class Controller:
         main = report.get("heldout", report.get("all", {"mean": 0.0}))
         out_metrics = {f"{prefix}/{k}": v for k, v in main.items()}
         if prefix == "eval/reward":
-            for group in ("heldout", "seen"):
+            for group in ("heldout", "seen", *by_task):
+                split, _, task = group.partition("/")
+                name = f"eval/{split}/{task}/reward" if task else f"eval/{split}/reward"
                 for k, v in report.get(group, {}).items():
-                    out_metrics[f"eval/{group}/reward/{k}"] = v
+                    out_metrics[f"{name}/{k}"] = v
             for k in ("background_hf", "object_hf"):
                 n = g[k.replace("_hf", "_n")]
                 if n > 0:

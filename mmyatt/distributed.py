@@ -96,6 +96,15 @@ class Dist:
         if self.active:
             dist.barrier()
 
+    def union(self, values) -> list[str]:
+        """The sorted union of every controller's ``values`` (strings)."""
+        mine = sorted({str(v) for v in values})
+        if not self.active:
+            return mine
+        boxes: list = [None] * self.world_size
+        dist.all_gather_object(boxes, mine, group=self.group)
+        return sorted({v for box in boxes for v in box})
+
     def broadcast_object(self, obj=None):
         if not self.active:
             return obj

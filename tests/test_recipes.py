@@ -51,6 +51,7 @@ RECIPES = {
     ],
     "vlm_genrm_tiny.yaml": [  # starts the built-in description judge with the run
         "data.synthetic_train_size=16",
+        "data.eval_prompts=16",  # images and clips among them
         "sft.max_steps=2",
         "sft.eval_every=1",
         "sft.eval_prompts=4",
@@ -95,6 +96,10 @@ def test_recipe_runs_one_step(tmp_path, recipe):
         want |= {"describe_colour", "describe_shape"}
         assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
         assert {f"eval/seen/reward/{k}" for k in want} <= set(rows[-1])
+        for task in ("describe_image", "describe_video"):  # images and clips apart
+            assert {f"eval/heldout/{task}/reward/{k}" for k in want} <= set(rows[-1])
+    elif not recipe.startswith("vlm_"):  # records of one kind: no per-task groups
+        assert not [k for k in rows[-1] if k.count("/") > 3 and k.startswith("eval/heldout/")]
     assert any("reward/generated_mean" in r for r in rows)
     assert (run / "checkpoints" / "final").exists()
     assert list((run / "samples").iterdir())
