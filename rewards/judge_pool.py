@@ -78,7 +78,7 @@ class JudgePool:
         startup_timeout_s: float = 120.0,
         max_batch: int = 32,
         batch_wait_ms: float = 5.0,
-        keep_warm_ms: float = 0.0,  # 0: the servers share cores with training, never spin
+        keep_warm_ms: float = 0.0,  # the servers share cores with training: never spin
         threads: int | None = None,
         log_dir: str | Path | None = None,
         extra_args: Sequence[str] = (),

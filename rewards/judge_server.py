@@ -2,7 +2,7 @@
 
 ``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
 [--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]
-[--keep-warm-ms 5]`` (or
+[--keep-warm-ms 0]`` (or
 ``python -m mmyatt.rewards.judge_server ...``) serves a local judge model so that
 controllers can call it over HTTP exactly as they would call ``vllm serve``:
 
@@ -66,11 +66,14 @@ __all__ = [
 
 API_KEY_ENV = "MMYATT_GENRM_API_KEY"  # how JudgePool hands the key to child servers
 MAX_BODY_BYTES = 64 * 1024 * 1024
-# ``mmyatt serve-genrm``'s keep-warm window: after an answer the event loop polls this
-# long before it sleeps, so that a lone client's next request (sent ~1 ms later) is read
-# on a core that did not go idle (BENCHMARKS.md, "GenRM serving": server overhead at 1
-# in flight 31% -> 14% on 2 cores)
-KEEP_WARM_MS = 5.0
+# The keep-warm window (``--keep-warm-ms``): after an answer the event loop polls this
+# long before it sleeps, so that a lone client's next request (sent ~1 ms later) may be
+# read on a core that did not go idle. Off by default: side by side on 2 shared cores it
+# gave 1.10x req/s at 1 in flight in one bench run and 0.93x in the next, at more CPU
+# (BENCHMARKS.md, "GenRM serving: the keep-warm window"). The bench measures it at
+# BENCH_KEEP_WARM_MS.
+KEEP_WARM_MS = 0.0
+BENCH_KEEP_WARM_MS = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -339,9 +342,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--keep-warm-ms",
         type=float,
         default=KEEP_WARM_MS,
-        help="after each answer, poll for the next request this long without sleeping: a "
-        "lone client's next request finds a warm core (0: sleep at once; a judge pool "
-        "sharing cores with training passes 0)",
+        help="after each answer, poll for the next request this long without sleeping, so "
+        "that a lone client's next request may find a warm core (default 0: sleep at once; "
+        "measured gains were not robust, BENCHMARKS.md)",
     )
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")

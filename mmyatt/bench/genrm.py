@@ -13,12 +13,12 @@ training run uses:
   ``server_overhead_1 = 1 - model_ms_1 / wall_ms_1`` with ``wall_ms_1 = 1000 /
   req_per_s_1``: the share of a lone request's time that is not the model (the
   client's and server's HTTP, JSON, validation, queue and thread hops);
-* arms ``new`` (the judge server as a training run's judge pool starts it: no
-  keep-warm window, as it shares cores with the controllers) and ``new_keep_warm``
-  (``mmyatt serve-genrm``'s default: after each answer the event loop polls for
-  ``judge_server.KEEP_WARM_MS`` before it sleeps, so a lone client's next request does not wake an
-  idle core); ``ratio_keep_warm_req_per_s_{1,32}`` compares them, and
-  ``new_keep_warm_server`` reports the CPU seconds both servers used;
+* arms ``new`` (the judge server as it runs by default and as a training run's judge
+  pool starts it: no keep-warm window) and ``new_keep_warm`` (``--keep-warm-ms``
+  ``judge_server.BENCH_KEEP_WARM_MS``: after each answer the event loop polls before it
+  sleeps, so a lone client's next request may find a warm core);
+  ``ratio_keep_warm_req_per_s_{1,32}`` compares them, and ``new_keep_warm_server``
+  reports the CPU seconds both servers used;
 * ``model_req_per_s_32``: the forward alone on the same requests in batches of 32;
 * ``server_overhead_1_by_server_model``: the same share with the model time the server
   itself reports for each answer (its timer around the same model call), median over
@@ -210,7 +210,7 @@ def bench_genrm(
 def _bench(quick: bool, baseline, baseline_client) -> dict:
     from mmyatt.models.tiny import build_tiny_text_model
     from mmyatt.rewards.judge_pool import JudgePool
-    from mmyatt.rewards.judge_server import KEEP_WARM_MS
+    from mmyatt.rewards.judge_server import BENCH_KEEP_WARM_MS
 
     n1, n32 = (20, 64) if quick else (200, 512)
     rounds = 1 if quick else 5
@@ -238,7 +238,7 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
         common = dict(n=1, max_batch=32, batch_wait_ms=5, threads=threads)
         with (
             JudgePool(model_dir, keep_warm_ms=0, **common) as pool,
-            JudgePool(model_dir, keep_warm_ms=KEEP_WARM_MS, **common) as warm_pool,
+            JudgePool(model_dir, keep_warm_ms=BENCH_KEEP_WARM_MS, **common) as warm_pool,
         ):
             servers["new"] = pool.urls[0]
             servers["new_keep_warm"] = warm_pool.urls[0]
@@ -302,7 +302,7 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 result[f"{key}_req_per_s_{n}"] = (
                     new[f"req_per_s_{n}"] / result[arm][f"req_per_s_{n}"]
                 )
-    for n in ("1", "32"):  # the keep-warm window (serve-genrm's default) over none
+    for n in ("1", "32"):  # the keep-warm window over none
         result[f"ratio_keep_warm_req_per_s_{n}"] = (
             result["new_keep_warm"][f"req_per_s_{n}"] / new[f"req_per_s_{n}"]
         )
