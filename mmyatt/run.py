@@ -424,15 +424,16 @@ def print_summary(run_dir: Path) -> dict:
     first, last = evals[0], evals[-1]
     keys = [k for k in last if k.startswith("eval/")]
     print(f"\n[summary] {run_dir}")
+    width = max([40, *(len(k) + 1 for k in keys)])  # per-task names run longer
     print(
-        f"  {'metric':<40}{'step ' + str(first['step']):>12}{'step ' + str(last['step']):>12}"
-        f"{'change':>10}"
+        f"  {'metric':<{width}}{'step ' + str(first['step']):>12}"
+        f"{'step ' + str(last['step']):>12}{'change':>10}"
     )
     metrics = {}
     for k in keys:
         a, b = first.get(k), last.get(k)
         if isinstance(a, int | float) and isinstance(b, int | float):
-            line = f"  {k:<40}{a:>12.4f}{b:>12.4f}{b - a:>+10.4f}"
+            line = f"  {k:<{width}}{a:>12.4f}{b:>12.4f}{b - a:>+10.4f}"
             metrics[k] = {"first": a, "last": b, "change": b - a}
             if k.startswith("eval/quality/") and a > 0:
                 metrics[k]["ratio"] = b / a
