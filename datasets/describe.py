@@ -127,6 +127,7 @@ CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
 # green square yellow yellow greenesn down").
 JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
 _FILLERS = ("is", "th", "t", "that", "mo", "mov", "moving", "it", "n", "es")
+_LETTERS = "abcdefghijklmnoprstuvwy"  # what garbled and junk text is made of
 # Colours outside the policy's palette that only the judge's training draws, with every
 # shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
 # to read colour and shape apart, which is what a held-out pair asks of it.
@@ -401,7 +402,6 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     if kind == "garble":  # letters dropped, doubled or swapped in a word or two
         original = describe(c, s, d, rng)
         words = original.split()
-        letters = "abcdefghijklmnoprstuvwy"
         for _ in range(int(rng.integers(1, 3))):
             k = int(rng.integers(len(words)))
             w = list(words[k])
@@ -412,9 +412,9 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
             elif op == 1:
                 w[j:j] = [w[j]] * int(rng.integers(1, 6))
             else:
-                w[j] = letters[int(rng.integers(len(letters)))]
+                w[j] = _LETTERS[int(rng.integers(len(_LETTERS)))]
                 if op == 3:
-                    w.insert(j, letters[int(rng.integers(len(letters)))])
+                    w.insert(j, _LETTERS[int(rng.integers(len(_LETTERS)))])
             words[k] = "".join(w)
         garbled = " ".join(words)
         return garbled if garbled != original else garbled + "nn"
@@ -441,16 +441,15 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
         for _ in range(int(rng.integers(1, 4))):
             kind_of = int(rng.integers(4))
             if kind_of < 2:  # a run of letters, glued to a word or on its own
-                junk = "".join(rng.choice(list("abcdefghijklmnoprstuvwy"), int(rng.integers(2, 9))))
+                junk = "".join(rng.choice(list(_LETTERS), int(rng.integers(2, 9))))
                 k = int(rng.integers(len(words)))
                 if kind_of == 0:
                     words[k] += junk
                 else:
                     words.insert(k + 1, junk)
                 continue
-            word = (vocab if kind_of == 2 else _FILLERS)[
-                int(rng.integers(len(vocab) if kind_of == 2 else len(_FILLERS)))
-            ]
+            pool = vocab if kind_of == 2 else _FILLERS  # an attribute word or a filler
+            word = pool[int(rng.integers(len(pool)))]
             words.insert(int(rng.integers(1, len(words) + 1)), word)
         return " ".join(words)
     if kind == "split":  # a word broken by a space, a fragment or word said twice
