@@ -161,12 +161,10 @@ def profile_controller(ctl, out: str | Path) -> StepProfile:
     (JSON: per-step seconds by kind and the summary)."""
     prof = StepProfile()
     instrument_common(prof, ctl.optimizer)
-    from mmyatt.engines import EnginePolicy
+    from mmyatt.engines import adapter_of
     from mmyatt.models.text import TextPolicy
 
-    policy = ctl.policy
-    while isinstance(policy, EnginePolicy):  # a sharding engine's wrapper
-        policy = policy.inner
+    policy = adapter_of(ctl.policy)  # under a sharding or a vLLM rollout engine
     if isinstance(policy, TextPolicy):
         instrument_text_policy(prof, policy)
     ctl.reward = prof.timed("reward", ctl.reward)

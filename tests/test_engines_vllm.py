@@ -252,3 +252,20 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     gap = (got.context["engine_logprobs"] - want.logprobs).abs().max()
     print(f"[vllm] after the in-place sync: greedy equal, max |logprob diff| {float(gap):.2e}")
     assert gap < 1e-4
+
+
+def test_adapter_of_sees_through_every_engine_wrapper(model_dir):
+    """The adapter under a vLLM rollout engine, a sharding engine's EnginePolicy, or
+    both (what the step profiler instruments and the vLLM engine builds prompts with)."""
+    from mmyatt.engines import EnginePolicy, adapter_of
+
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    sharded = EnginePolicy(policy, ReplicaEngine(Dist()))
+    cfg = RolloutConfig(backend="vllm")
+    for wrapped in (
+        policy,
+        sharded,
+        VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist()),
+        VLLMRolloutPolicy(sharded, ReplicaEngine(Dist()), cfg, Dist()),
+    ):
+        assert adapter_of(wrapped) is policy

@@ -259,6 +259,16 @@ class EnginePolicy:
         return out
 
 
+def adapter_of(policy):
+    """The model adapter under the engine wrappers (a sharding engine's
+    :class:`EnginePolicy`, a vLLM rollout engine's ``VLLMRolloutPolicy``)."""
+    from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
+
+    while isinstance(policy, (EnginePolicy, VLLMRolloutPolicy)):
+        policy = policy.inner
+    return policy
+
+
 def _full_tensor(t):
     """A DTensor's whole value (a collective: every rank calls it); others as they are."""
     full = getattr(t, "full_tensor", None)

@@ -142,12 +142,9 @@ class VLLMRolloutPolicy:
     # ------------------------------------------------------------------ engine
     def _adapter(self):
         """The TextPolicy under any engine wrappers (for prompts, pad, temperature)."""
-        from mmyatt.engines import EnginePolicy
+        from mmyatt.engines import adapter_of
 
-        p = self._inner
-        while isinstance(p, (EnginePolicy, VLLMRolloutPolicy)):
-            p = p.inner
-        return p
+        return adapter_of(self._inner)
 
     def llm(self):
         if self._llm is None:
