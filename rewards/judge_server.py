@@ -112,7 +112,7 @@ class JudgeServer:
         log_requests: bool = False,
         device: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
-        keep_warm_ms: float = 0.0,
+        keep_warm_ms: float = KEEP_WARM_MS,
     ):
         names = [model_name] if isinstance(model_name, str) else list(model_name or [])
         if isinstance(model, (str, Path)):
