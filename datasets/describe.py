@@ -176,13 +176,16 @@ def describe_records(
     only_pairs=None,
     only_triples=None,
     extra_colours: bool = False,
+    extra_fraction: float = 0.0,
 ) -> list[dict]:
     """``n`` records with in-memory media: every ``round(1 / video_fraction)``-th one a
     clip of :data:`FRAMES` frames ("video": (T, H, W, 3) uint8), the others an image
     (PIL). Keys: prompt, image|video, answer (a reference description), colour, shape,
     direction (None for an image), task ("describe_image" / "describe_video").
     ``only_pairs`` / ``only_triples`` draw from those combinations alone (held-out eval);
-    ``extra_colours`` adds :data:`EXTRA_COLOURS` to the palette (judge training only).
+    ``extra_colours`` adds :data:`EXTRA_COLOURS` to the palette (judge training);
+    ``extra_fraction`` draws that share of the records in an extra colour with any shape
+    (a policy's training: shape has to be read apart from colour).
 
     >>> r = describe_records(4, seed=0)
     >>> [x["task"] for x in r], r[3]["prompt"]
@@ -190,12 +193,24 @@ def describe_records(
     """
     rng = np.random.default_rng([seed, 11])
     every = int(round(1 / video_fraction)) if video_fraction > 0 else 0
+    if not 0.0 <= extra_fraction <= 1.0:
+        raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
     palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
+    # its own stream, so that the records without extra colours are drawn as before
+    extra_rng = np.random.default_rng([seed, 12])
     out = []
     for i in range(n):
         video = bool(every) and i % every == every - 1
         only = only_triples if video else only_pairs
-        combo = _combo(rng, video, exclude_pairs, exclude_triples, only, palette)
+        extra = only is None and extra_fraction > 0 and extra_rng.random() < extra_fraction
+        combo = _combo(
+            rng,
+            video,
+            exclude_pairs,
+            exclude_triples,
+            only,
+            list(EXTRA_COLOURS) if extra else palette,
+        )
         colour, shape = combo[0], combo[1]
         direction = combo[2] if video else None
         rec = {
@@ -261,15 +276,20 @@ def write_describe_task(
     n_eval: int = 96,
     seed: int = 0,
     video_fraction: float = 0.25,
+    extra_colours: float = 0.0,
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
     ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
     ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
-    records, every combination included. Returns {"train", "sft", "test", "val"}."""
+    records, every combination included. ``extra_colours``: the share of train and SFT
+    records drawn in :data:`EXTRA_COLOURS` (the judge's extra colours, with every shape;
+    the eval splits keep the palette). Returns {"train", "sft", "test", "val"}."""
     root = Path(out_dir)
     splits = {
-        "train": describe_records(n_train, seed=2 * seed, video_fraction=video_fraction),
+        "train": describe_records(
+            n_train, seed=2 * seed, video_fraction=video_fraction, extra_fraction=extra_colours
+        ),
         # the warm start's split: every combination, as the flow recipes' base models saw
         # them; "held-out" means unseen by RL and by the judge
         "sft": describe_records(
@@ -278,6 +298,7 @@ def write_describe_task(
             video_fraction=video_fraction,
             exclude_pairs=(),
             exclude_triples=(),
+            extra_fraction=extra_colours,
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(n_eval, 2000 + seed, HELDOUT_VAL, MOTION_HELDOUT_VAL, video_fraction),

@@ -211,8 +211,22 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
     return train, ev, val if val.exists() else None
 
 
+def _writer_kwargs(cfg: RunConfig, task: str, known: tuple[str, ...]) -> dict:
+    """``data.synthetic_kwargs``, checked against the keys the task's writer takes."""
+    kw = dict(cfg.data.synthetic_kwargs)
+    unknown = sorted(set(kw) - set(known))
+    if unknown:
+        raise ValueError(
+            f"data.synthetic_kwargs: synthetic:{task} takes {list(known) or 'no keys'}, "
+            f"not {unknown}"
+        )
+    return kw
+
+
 def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
+    if task != "describe":
+        _writer_kwargs(cfg, task, ())
     if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v", "describe"):
         raise ValueError(
             f"data.eval_split=val: synthetic:{task} has no validation split "
@@ -258,6 +272,7 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
+            **_writer_kwargs(cfg, task, ("extra_colours",)),
         )
         return p["train"], p[cfg.data.eval_split]
     if task in ("shapes_t2i", "motion_t2v"):

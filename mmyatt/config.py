@@ -58,6 +58,10 @@ class DataConfig:
     val: str | None = None
     synthetic_train_size: int = 20000
     synthetic_eval_size: int = 500
+    # keyword arguments of the synthetic task's writer (synthetic:describe:
+    # extra_colours, the share of train and SFT records in colours outside the eval
+    # palette)
+    synthetic_kwargs: dict[str, Any] = field(default_factory=dict)
     prompts_per_step: int = 16  # B, global over all controllers
     shuffle: bool = True
     bad_lines: Literal["fail", "skip"] = "fail"

@@ -181,6 +181,45 @@ def test_warm_start_split_sees_every_combination(tmp_path):
     assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
 
 
+def test_extra_colours_reach_train_and_sft_only(tmp_path):
+    import json
+
+    plain = d.describe_records(60, seed=5)
+    assert d.describe_records(60, seed=5, extra_fraction=0.0)[7]["answer"] == plain[7]["answer"]
+    p = d.write_describe_task(tmp_path, n_train=400, n_eval=12, extra_colours=0.3)
+    rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
+    for split in ("train", "sft"):
+        extra = [r for r in rows[split] if r["colour"] in d.EXTRA_COLOURS]
+        assert 0.2 < len(extra) / len(rows[split]) < 0.4
+        assert {r["shape"] for r in extra} == set(d.SHAPES)  # every shape, images and clips
+        assert {r["task"] for r in extra} == {"describe_image", "describe_video"}
+        assert all(d.description_check(r["answer"], r) == 1.0 for r in extra)
+    assert all((r["colour"], r["shape"]) not in HELDOUT for r in rows["train"])
+    for split in ("test", "val"):  # the eval splits keep the palette
+        assert not [r for r in rows[split] if r["colour"] in d.EXTRA_COLOURS]
+    with pytest.raises(ValueError, match="extra_fraction"):
+        d.describe_records(2, seed=0, extra_fraction=1.5)
+
+
+def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
+    from mmyatt.builders import synthetic_task
+    from mmyatt.config import load_config
+
+    cfg = load_config(
+        "configs/vlm_genrm_tiny.yaml",
+        [
+            "data.synthetic_train_size=20",
+            "data.synthetic_eval_size=6",
+            "data.synthetic_kwargs={extra_colour: 0.3}",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"synthetic:describe takes \['extra_colours'\]"):
+        synthetic_task("synthetic:describe", tmp_path, cfg)
+    cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])
+    with pytest.raises(ValueError, match="synthetic:arithmetic takes no keys"):
+        synthetic_task("synthetic:arithmetic", tmp_path, cfg)
+
+
 def test_score_variant_records_and_template():
     recs = d.judge_records(16, seed=4, score=True)
     assert {r["answer"] for r in recs} == set(d.SCORE_ANSWERS.values())
