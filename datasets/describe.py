@@ -126,6 +126,18 @@ CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
 # "No", whatever form the policy's next drift takes ("a red circle momomomo left", "a
 # green square yellow yellow greenesn down").
 JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
+# The second validation fold's held-out combinations (``write_describe_task(val_fold=2)``):
+# each validation colour's other trained shape, and clips of them.
+VAL_FOLD2_PAIRS: tuple[tuple[str, str], ...] = (
+    ("yellow", "square"),
+    ("cyan", "circle"),
+    ("purple", "triangle"),
+)
+VAL_FOLD2_TRIPLES: tuple[tuple[str, str, str], ...] = (
+    ("yellow", "square", "left"),
+    ("cyan", "circle", "up"),
+    ("purple", "triangle", "down"),
+)
 _FILLERS = ("is", "th", "t", "that", "mo", "mov", "moving", "it", "n", "es")
 _LETTERS = "abcdefghijklmnoprstuvwy"  # what garbled and junk text is made of
 # Colours outside the policy's palette that only the judge's training draws, with every
@@ -234,13 +246,27 @@ def describe_records(
     return out
 
 
-def _eval_split(n: int, seed: int, pairs, triples, video_fraction: float) -> list[dict]:
+def _eval_split(
+    n: int,
+    seed: int,
+    pairs,
+    triples,
+    video_fraction: float,
+    exclude_pairs=HELDOUT,
+    exclude_triples=MOTION_HELDOUT,
+) -> list[dict]:
     """2/3 held-out (``pairs`` for images, ``triples`` for clips), then 1/3 trained
-    combinations, interleaved two held-out then one seen."""
+    combinations (none in ``exclude_*``), interleaved two held-out then one seen."""
     held = describe_records(
         n, seed=seed, video_fraction=video_fraction, only_pairs=pairs, only_triples=triples
     )
-    seen = describe_records(n // 2, seed=seed + 1, video_fraction=video_fraction)
+    seen = describe_records(
+        n // 2,
+        seed=seed + 1,
+        video_fraction=video_fraction,
+        exclude_pairs=exclude_pairs,
+        exclude_triples=exclude_triples,
+    )
     out, j = [], 0
     for i, r in enumerate(held):
         out.append({**r, "split": "heldout"})
@@ -277,6 +303,7 @@ def write_describe_task(
     seed: int = 0,
     video_fraction: float = 0.25,
     extra_colours: float = 0.0,
+    val_fold: int = 1,
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
@@ -284,11 +311,29 @@ def write_describe_task(
     ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
     records, every combination included. ``extra_colours``: the share of train and SFT
     records drawn in :data:`EXTRA_COLOURS` (the judge's extra colours, with every shape;
-    the eval splits keep the palette). Returns {"train", "sft", "test", "val"}."""
+    the eval splits keep the palette). ``val_fold=2``: a second validation fold, for
+    checking that a choice carries over to other held-out pairs: the validation pairs
+    join RL training and :data:`VAL_FOLD2_PAIRS` / :data:`VAL_FOLD2_TRIPLES` (trained
+    combinations of the validation colours) are held out of it and make ``val.jsonl``;
+    the test split and its exclusions do not change. Returns {"train", "sft", "test",
+    "val"}."""
+    if val_fold not in (1, 2):
+        raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
     root = Path(out_dir)
+    excl_p, excl_t = HELDOUT, MOTION_HELDOUT
+    val = (HELDOUT_VAL, MOTION_HELDOUT_VAL, 2000 + seed)
+    if val_fold == 2:
+        excl_p = HELDOUT_TEST + VAL_FOLD2_PAIRS
+        excl_t = MOTION_HELDOUT_TEST + VAL_FOLD2_TRIPLES
+        val = (VAL_FOLD2_PAIRS, VAL_FOLD2_TRIPLES, 3000 + seed)
     splits = {
         "train": describe_records(
-            n_train, seed=2 * seed, video_fraction=video_fraction, extra_fraction=extra_colours
+            n_train,
+            seed=2 * seed,
+            video_fraction=video_fraction,
+            exclude_pairs=excl_p,
+            exclude_triples=excl_t,
+            extra_fraction=extra_colours,
         ),
         # the warm start's split: every combination, as the flow recipes' base models saw
         # them; "held-out" means unseen by RL and by the judge
@@ -301,7 +346,7 @@ def write_describe_task(
             extra_fraction=extra_colours,
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
-        "val": _eval_split(n_eval, 2000 + seed, HELDOUT_VAL, MOTION_HELDOUT_VAL, video_fraction),
+        "val": _eval_split(n_eval, val[2], val[0], val[1], video_fraction, excl_p, excl_t),
     }
     return {name: _write(recs, root, name) for name, recs in splits.items()}
 

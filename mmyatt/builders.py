@@ -272,7 +272,7 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
-            **_writer_kwargs(cfg, task, ("extra_colours",)),
+            **_writer_kwargs(cfg, task, ("extra_colours", "val_fold")),
         )
         return p["train"], p[cfg.data.eval_split]
     if task in ("shapes_t2i", "motion_t2v"):

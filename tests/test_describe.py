@@ -201,6 +201,29 @@ def test_extra_colours_reach_train_and_sft_only(tmp_path):
         d.describe_records(2, seed=0, extra_fraction=1.5)
 
 
+def test_second_validation_fold_swaps_the_validation_pairs_into_training(tmp_path):
+    import json
+
+    from mmyatt.datasets.shapes import HELDOUT_VAL
+
+    p = d.write_describe_task(tmp_path, n_train=600, n_eval=12, val_fold=2)
+    rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
+    pairs = {k: {(r["colour"], r["shape"]) for r in v} for k, v in rows.items()}
+    assert not pairs["train"] & (set(HELDOUT_TEST) | set(d.VAL_FOLD2_PAIRS))
+    assert set(HELDOUT_VAL) <= pairs["train"]  # the first fold's pairs are trained on
+    held = [r for r in rows["val"] if r["split"] == "heldout"]
+    seen = [r for r in rows["val"] if r["split"] == "seen"]
+    assert {(r["colour"], r["shape"]) for r in held} <= set(d.VAL_FOLD2_PAIRS)
+    for r in held:
+        if r["direction"]:
+            assert (r["colour"], r["shape"], r["direction"]) in d.VAL_FOLD2_TRIPLES
+    assert not {(r["colour"], r["shape"]) for r in seen} & set(d.VAL_FOLD2_PAIRS)
+    default = d.write_describe_task(tmp_path / "one", n_train=600, n_eval=12)
+    assert p["test"].read_text() == default["test"].read_text()  # the test split stays
+    with pytest.raises(ValueError, match="val_fold"):
+        d.write_describe_task(tmp_path / "bad", n_train=4, n_eval=3, val_fold=3)
+
+
 def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     from mmyatt.builders import synthetic_task
     from mmyatt.config import load_config
@@ -213,7 +236,9 @@ def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
             "data.synthetic_kwargs={extra_colour: 0.3}",
         ],
     )
-    with pytest.raises(ValueError, match=r"synthetic:describe takes \['extra_colours'\]"):
+    with pytest.raises(
+        ValueError, match=r"synthetic:describe takes \['extra_colours', 'val_fold'\]"
+    ):
         synthetic_task("synthetic:describe", tmp_path, cfg)
     cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])
     with pytest.raises(ValueError, match="synthetic:arithmetic takes no keys"):
