@@ -321,11 +321,11 @@ def write_describe_task(
         raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
     root = Path(out_dir)
     excl_p, excl_t = HELDOUT, MOTION_HELDOUT
-    val = (HELDOUT_VAL, MOTION_HELDOUT_VAL, 2000 + seed)
+    val_pairs, val_triples, val_seed = HELDOUT_VAL, MOTION_HELDOUT_VAL, 2000 + seed
     if val_fold == 2:
         excl_p = HELDOUT_TEST + VAL_FOLD2_PAIRS
         excl_t = MOTION_HELDOUT_TEST + VAL_FOLD2_TRIPLES
-        val = (VAL_FOLD2_PAIRS, VAL_FOLD2_TRIPLES, 3000 + seed)
+        val_pairs, val_triples, val_seed = VAL_FOLD2_PAIRS, VAL_FOLD2_TRIPLES, 3000 + seed
     splits = {
         "train": describe_records(
             n_train,
@@ -346,7 +346,9 @@ def write_describe_task(
             extra_fraction=extra_colours,
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
-        "val": _eval_split(n_eval, val[2], val[0], val[1], video_fraction, excl_p, excl_t),
+        "val": _eval_split(
+            n_eval, val_seed, val_pairs, val_triples, video_fraction, excl_p, excl_t
+        ),
     }
     return {name: _write(recs, root, name) for name, recs in splits.items()}
 
