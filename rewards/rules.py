@@ -118,7 +118,7 @@ REGISTRY: dict[str, RewardFn] = {
 }
 
 # Open descriptions of images and clips (the VLM + GenRM recipe's independent check and
-# its length / false-claim counters), in mmyatt.datasets.describe with the task's words.
+# its length / false-claim counters), in mmyatt.datasets.describe_check.
 DESCRIPTION_REWARDS = {
     "describe_check": "description_check",
     "describe_false_claims": "false_claims",
@@ -148,9 +148,9 @@ def resolve_reward(name: str) -> RewardFn:
     if name in REGISTRY:
         return REGISTRY[name]
     if name in DESCRIPTION_REWARDS:
-        from mmyatt.datasets import describe
+        from mmyatt.datasets import describe_check
 
-        return getattr(describe, DESCRIPTION_REWARDS[name])
+        return getattr(describe_check, DESCRIPTION_REWARDS[name])
     from mmyatt.rewards.image import IMAGE_REWARDS  # image/video rules, imported on demand
 
     if name in IMAGE_REWARDS:

@@ -6,6 +6,7 @@ import pytest
 from PIL import Image
 
 from mmyatt.datasets import describe as d
+from mmyatt.datasets import describe_check as dc
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, MOTION_HELDOUT, MOTION_HELDOUT_TEST
 from mmyatt.rewards.genrm import GenRMReward, load_template
 from mmyatt.rewards.rules import resolve_reward
@@ -35,7 +36,7 @@ CLIP = {"colour": "blue", "shape": "square", "direction": "left"}
     ],
 )
 def test_check_against_hand_written_answers(answer, record, score, false):
-    got = d.check_details(answer, record)
+    got = dc.check_details(answer, record)
     assert got["score"] == pytest.approx(score)
     assert got["false"] == false
     assert resolve_reward("describe_check")(answer, record) == pytest.approx(score)
@@ -75,7 +76,7 @@ def test_records_hold_out_combinations_and_carry_media():
             assert r["prompt"] == d.DESCRIBE_VIDEO
         else:
             assert isinstance(r["image"], Image.Image)
-        assert d.description_check(r["answer"], r) == 1.0  # the reference is correct
+        assert dc.description_check(r["answer"], r) == 1.0  # the reference is correct
 
 
 def test_written_task_splits(tmp_path):
@@ -103,9 +104,9 @@ def test_judge_records_are_labelled_by_construction():
     assert sum(r["answer"] == "Yes" for r in recs) == 60
     for r in recs:
         if r["answer"] == "Yes":
-            assert d.description_check(r["output"], r) == 1.0
+            assert dc.description_check(r["output"], r) == 1.0
         elif r["negative_type"] in ("colour", "shape", "direction", "added"):
-            assert d.description_check(r["output"], r) == 0.0
+            assert dc.description_check(r["output"], r) == 0.0
         assert (r["colour"], r["shape"]) not in HELDOUT
     clips = [r for r in recs if r["direction"]]
     assert clips and all(len(r["image"]) == d.FRAMES for r in clips)
@@ -193,7 +194,7 @@ def test_extra_colours_reach_train_and_sft_only(tmp_path):
         assert 0.2 < len(extra) / len(rows[split]) < 0.4
         assert {r["shape"] for r in extra} == set(d.SHAPES)  # every shape, images and clips
         assert {r["task"] for r in extra} == {"describe_image", "describe_video"}
-        assert all(d.description_check(r["answer"], r) == 1.0 for r in extra)
+        assert all(dc.description_check(r["answer"], r) == 1.0 for r in extra)
     assert all((r["colour"], r["shape"]) not in HELDOUT for r in rows["train"])
     for split in ("test", "val"):  # the eval splits keep the palette
         assert not [r for r in rows[split] if r["colour"] in d.EXTRA_COLOURS]
@@ -278,7 +279,7 @@ def test_conflict_and_fragment_negatives_are_wrong_by_the_check():
         if k in kinds:
             kinds[k] += 1
             truth = {"colour": r["colour"], "shape": r["shape"], "direction": r["direction"]}
-            det = d.check_details(r["output"], truth)
+            det = dc.check_details(r["output"], truth)
             assert det["score"] < 1.0, r["output"]
             if k == "conflict":
                 assert det["false"] >= 1 and det["correct"] == det["attributes"], r["output"]
