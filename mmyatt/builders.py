@@ -211,8 +211,13 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
     return train, ev, val if val.exists() else None
 
 
-def _writer_kwargs(cfg: RunConfig, task: str, known: tuple[str, ...]) -> dict:
+# the keyword arguments each synthetic task's writer takes from data.synthetic_kwargs
+WRITER_KEYS: dict[str, tuple[str, ...]] = {"describe": ("extra_colours", "val_fold")}
+
+
+def _writer_kwargs(cfg: RunConfig, task: str) -> dict:
     """``data.synthetic_kwargs``, checked against the keys the task's writer takes."""
+    known = WRITER_KEYS.get(task, ())
     kw = dict(cfg.data.synthetic_kwargs)
     unknown = sorted(set(kw) - set(known))
     if unknown:
@@ -225,8 +230,7 @@ def _writer_kwargs(cfg: RunConfig, task: str, known: tuple[str, ...]) -> dict:
 
 def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
-    if task != "describe":
-        _writer_kwargs(cfg, task, ())
+    writer_kwargs = _writer_kwargs(cfg, task)
     if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v", "describe"):
         raise ValueError(
             f"data.eval_split=val: synthetic:{task} has no validation split "
@@ -272,7 +276,7 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             n_train=cfg.data.synthetic_train_size,
             n_eval=cfg.data.synthetic_eval_size,
             seed=cfg.trainer.seed,
-            **_writer_kwargs(cfg, task, ("extra_colours", "val_fold")),
+            **writer_kwargs,
         )
         return p["train"], p[cfg.data.eval_split]
     if task in ("shapes_t2i", "motion_t2v"):
