@@ -12,11 +12,20 @@ the same way.
 
 * **Async core, sync facade.** Requests are ``httpx.Request`` objects sent through an
   httpx transport on the client's private asyncio event loop; answers are
-  ``httpx.Response`` objects. A synchronous call (``chat``, ``chat_many``, ``health``)
-  runs that loop on the caller's own thread while no other thread uses it, which saves
-  two thread wake-ups per call (caller to loop and back); the first asynchronous call,
-  or a second thread calling while the loop is in use, hands the loop to a daemon
-  thread for good, which then serves every call. The default transport is
+  ``httpx.Response`` objects. A synchronous call (``chat_many``, ``health``) runs that
+  loop on the caller's own thread while no other thread uses it, which saves two
+  thread wake-ups per call (caller to loop and back); the first asynchronous call, or a
+  second thread calling while the loop is in use, hands the loop to a daemon thread for
+  good, which then serves every call.
+* **One request, no loop.** ``chat(request)`` sends its one request on blocking sockets
+  in the calling thread (:class:`mmyatt.rewards.judge_http.BlockingTransport`, the same
+  connections, parser and errors as the pooled transport), with the same retries,
+  balancing and counters, and a ``max_in_flight`` bound of its own across the threads
+  calling ``chat``: for a lone request an event loop's bookkeeping and wake-ups cost more
+  client CPU than its HTTP (BENCHMARKS.md, "GenRM serving: chat() on blocking
+  sockets"). A given ``transport=`` that is also synchronous (``httpx.MockTransport``)
+  serves ``chat`` directly; an async-only one (``httpx.AsyncHTTPTransport``) sends it
+  through the loop. The default transport is
   :class:`mmyatt.rewards.judge_http.PooledTransport`: pooled HTTP/1.1 keep-alive
   connections per server, responses parsed by ``httptools`` (the C parser uvicorn
   uses); ``transport=`` takes any other (``httpx.AsyncHTTPTransport(verify=...,
@@ -55,15 +64,22 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
-from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_attempt
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+)
 
-from mmyatt.rewards.judge_http import PooledTransport, within
+from mmyatt.rewards.judge_http import BlockingTransport, PooledTransport, within
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -193,6 +209,16 @@ class JudgeClient:
         self.backoff_max_s = float(backoff_max_s)
         self.model = model
         self._transport = transport  # the default one is made on the client's loop
+        # chat() on blocking sockets: ours, or the given transport when it is also sync
+        # (httpx.MockTransport); an async-only transport sends chat() through the loop
+        if transport is None:
+            self._blocking: httpx.BaseTransport | None = BlockingTransport(self.timeout_s)
+        else:
+            self._blocking = transport if isinstance(transport, httpx.BaseTransport) else None
+        self._timeouts = {
+            "timeout": dict.fromkeys(("connect", "read", "write", "pool"), self.timeout_s)
+        }
+        self._sync_slots = threading.BoundedSemaphore(self.max_in_flight)
         headers = {"Accept": "application/json", "User-Agent": "mmyatt-judge-client"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -271,6 +297,8 @@ class JudgeClient:
 
     def close(self) -> None:
         """Close pooled connections and stop the client's loop (and its thread)."""
+        if self._blocking is not None and self._transport is None:
+            self._blocking.close()  # ours (a given transport is closed with the loop's)
         if self._loop is not None and self._thread is None and _loop_running_here():
             self._ensure_loop()  # this thread cannot run a second loop: the daemon closes
         with self._runner:  # after a caller running the loop itself
@@ -311,9 +339,16 @@ class JudgeClient:
         return self._run(lambda: self._chat_many(list(requests), return_exceptions))
 
     def chat(self, request: dict) -> dict:
+        """Send one chat-completion body and wait for its answer: on blocking sockets
+        (:class:`~mmyatt.rewards.judge_http.BlockingTransport`) in the calling thread,
+        with the same retries, balancing and counters as the async path."""
         if self._thread is not None and threading.current_thread() is self._thread:
             raise RuntimeError("chat cannot be called from the client's own loop")
-        return self._run(lambda: self._chat(request))
+        if self._blocking is None:  # an async-only transport was given
+            return self._run(lambda: self._chat(request))
+        self._count("requests")
+        with self._sync_slots, self._timed(), self._final_errors(state := _Attempts()):
+            return self._retrying(Retrying, state)(self._attempt_sync, request, state)
 
     async def achat(self, request: dict) -> dict:
         return await asyncio.wrap_future(self._submit(self._chat(request)))
@@ -369,11 +404,16 @@ class JudgeClient:
             self._sem = asyncio.Semaphore(self.max_in_flight)
         self._count("requests")
         async with self._sem:
-            t0 = time.perf_counter()
-            response = await self._with_retries(request)
-            self._count("completed")
-            self._count("latency_s_sum", time.perf_counter() - t0)
-            return response
+            with self._timed():
+                return await self._with_retries(request)
+
+    @contextmanager
+    def _timed(self):
+        """Count a request that completes, and its latency."""
+        t0 = time.perf_counter()
+        yield
+        self._count("completed")
+        self._count("latency_s_sum", time.perf_counter() - t0)
 
     def _pick(self, exclude: set[int]) -> int:
         now = time.monotonic()
@@ -400,75 +440,117 @@ class JudgeClient:
         state.tried.clear()
         return delay
 
-    async def _with_retries(self, request: dict) -> dict:
-        state = _Attempts()
-        retrying = AsyncRetrying(
+    def _retrying(self, cls, state: _Attempts):
+        """tenacity's ``Retrying`` / ``AsyncRetrying`` with the client's policy."""
+        return cls(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=lambda _: self._wait_before_retry(state),
             retry=retry_if_exception_type(_RetryableError),
             before_sleep=lambda _: self._count("retries"),  # not called after the last try
         )
+
+    @contextmanager
+    def _final_errors(self, state: _Attempts):
+        """Count a request that failed for good; out of retries: JudgeUnavailableError."""
         try:
-            async for attempt in retrying:
-                with attempt:
-                    return await self._attempt(request, state)
+            yield
         except JudgeRequestError:
             self._count("failures")
             raise
         except RetryError:
-            pass
-        self._count("failures")
-        last = state.last_error
-        raise JudgeUnavailableError(
-            f"no judge server answered after {self.max_retries + 1} attempts "
-            f"({self.max_retries} retries) over {self.urls}; last error from {state.last_url}: "
-            f"{type(last).__name__}: {last}",
-            self.urls,
-            last,
-        )
+            self._count("failures")
+            last = state.last_error
+            raise JudgeUnavailableError(
+                f"no judge server answered after {self.max_retries + 1} attempts "
+                f"({self.max_retries} retries) over {self.urls}; last error from "
+                f"{state.last_url}: {type(last).__name__}: {last}",
+                self.urls,
+                last,
+            ) from None
 
-    async def _attempt(self, request: dict, state: _Attempts) -> dict:
-        index = self._pick(state.tried)
-        server = self.servers[index]
+    async def _with_retries(self, request: dict) -> dict:
+        state = _Attempts()
+        with self._final_errors(state):
+            return await self._retrying(AsyncRetrying, state)(self._attempt, request, state)
+
+    @contextmanager
+    def _attempt_on(self, state: _Attempts):
+        """One attempt: yields the server it goes to; a failure that another attempt may
+        not meet marks that server down for a while and is raised as _RetryableError."""
+        with self._lock:
+            index = self._pick(state.tried)
+            server = self.servers[index]
+            server.in_flight += 1
+            server.requests += 1
+            self.counters["attempts"] += 1
         state.tried.add(index)
-        self._count("attempts")
-        server.in_flight += 1
-        server.requests += 1
         try:
-            body = dict(request)
-            if body.get("model") is None:
-                body["model"] = self.model or await self._model_name(server)
-            response = await within(self._post_chat(server, body), self.timeout_s)
+            yield server
         except (_RetryableError, httpx.TransportError, OSError, asyncio.TimeoutError) as error:
             if isinstance(error, asyncio.TimeoutError):
                 error = _RetryableError(f"no answer within {self.timeout_s:g} s")
             elif not isinstance(error, _RetryableError):
                 error = _RetryableError(f"{type(error).__name__}: {error}")
             state.last_error, state.last_url = error, server.url
-            server.errors += 1
-            server.consecutive_failures += 1
-            server.down_until = time.monotonic() + min(
-                self.backoff_max_s, self.backoff_s * 2 ** (server.consecutive_failures - 1)
-            )
+            with self._lock:
+                server.errors += 1
+                server.consecutive_failures += 1
+                server.down_until = time.monotonic() + min(
+                    self.backoff_max_s, self.backoff_s * 2 ** (server.consecutive_failures - 1)
+                )
             raise error from None
         finally:
-            server.in_flight -= 1
+            with self._lock:
+                server.in_flight -= 1
         server.consecutive_failures = 0
         server.down_until = 0.0
+
+    async def _attempt(self, request: dict, state: _Attempts) -> dict:
+        with self._attempt_on(state) as server:
+            body = dict(request)
+            if body.get("model") is None:
+                body["model"] = self.model or await self._model_name(server)
+            response = await within(
+                self._send("POST", server.chat_url, _dumps(body)), self.timeout_s
+            )
+            return self._chat_answer(server, response)
+
+    def _attempt_sync(self, request: dict, state: _Attempts) -> dict:
+        with self._attempt_on(state) as server:
+            body = dict(request)
+            if body.get("model") is None:
+                if self.model is None and server.model is None:
+                    self._models_answer(server, self._send_sync("GET", server.url + "/v1/models"))
+                body["model"] = self.model or server.model
+            return self._chat_answer(server, self._send_sync("POST", server.chat_url, _dumps(body)))
+
+    def _send_sync(self, method: str, url: httpx.URL | str, body: bytes | None = None):
+        """One HTTP exchange on the blocking transport, bounded by ``timeout_s``."""
+        headers = self._headers if body is None else self._post_headers
+        request = httpx.Request(
+            method, url, content=body, headers=headers, extensions=self._timeouts
+        )
+        response = self._blocking.handle_request(request)
+        try:
+            response.read()
+        finally:
+            response.close()
         return response
 
     async def _model_name(self, server: _Server) -> str:
         if server.model is None:
-            response = await self._get(server, "/v1/models")
-            self._check_status(server, response)
-            try:
-                server.model = json.loads(response.content)["data"][0]["id"]
-            except (ValueError, KeyError, IndexError, TypeError) as error:
-                raise _RetryableError(f"bad /v1/models answer from {server.url}") from error
+            self._models_answer(server, await self._get(server, "/v1/models"))
         return server.model
 
-    async def _post_chat(self, server: _Server, body: dict) -> dict:
-        response = await self._send("POST", server.chat_url, _dumps(body))
+    def _models_answer(self, server: _Server, response: httpx.Response) -> None:
+        """``server.model`` from a ``/v1/models`` answer: the first id it lists."""
+        self._check_status(server, response)
+        try:
+            server.model = json.loads(response.content)["data"][0]["id"]
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise _RetryableError(f"bad /v1/models answer from {server.url}") from error
+
+    def _chat_answer(self, server: _Server, response: httpx.Response) -> dict:
         self._check_status(server, response)
         try:
             return orjson.loads(response.content)

@@ -19,6 +19,11 @@ a core. The pooled connections spend 0.3 ms at 1 in flight and 0.3 ms at 32, and
 ``httpx.Request``/``httpx.Response`` objects around them 0.04-0.12 ms more
 (BENCHMARKS.md, "GenRM serving").
 
+:class:`BlockingTransport` is the synchronous twin (an ``httpx.BaseTransport`` on
+blocking sockets, thread-safe, with the same parsing and errors, plus
+``httpx.ReadTimeout`` past a request's deadline): ``JudgeClient.chat`` sends a lone
+request on it without an event loop.
+
 Errors of :class:`HostPool`: :class:`StaleConnection` when a pooled connection turns
 out closed before any byte of the answer (the server dropped it while idle: the pool
 retries on a fresh connection at once); :class:`TransportError` for a connection lost
@@ -29,8 +34,12 @@ them as httpx's exceptions.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import sys
+import threading
+import time
+from contextlib import contextmanager
 
 import httptools
 import httpx
@@ -66,16 +75,10 @@ class Response:
         self.status, self.headers, self.content, self.raw = status, headers, content, raw
 
 
-class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection carrying one request at a time."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future | None = None
-        self.closed = False
-        self._start()
+class _Reader:
+    """httptools callbacks that collect one response at a time: the part of a connection
+    that both kinds (:class:`_Connection` on an event loop, :class:`_BlockingConnection`
+    on a blocking socket) share. ``_deliver`` / ``_fail`` hand over the outcome."""
 
     def _start(self) -> None:
         self.headers: dict[str, str] = {}
@@ -84,11 +87,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = False
         self.received = False
 
-    # --- asyncio.Protocol ---------------------------------------------------------
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
+    def _feed(self, data: bytes) -> None:
         self.received = True
         try:
             self.parser.feed_data(data)
@@ -96,10 +95,8 @@ class _Connection(asyncio.Protocol):
             self._fail(TransportError(f"the answer is not valid HTTP: {error}"))
             self.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.waiter is None or self.waiter.done():
-            return
+    def _ended(self) -> None:
+        """The connection closed while a request waited for its answer."""
         length_known = (
             "content-length" in self.headers
             or "chunked" in self.headers.get("transfer-encoding", "").lower()
@@ -125,13 +122,40 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._finish(keep=self.parser.should_keep_alive())
 
-    # --- requests -----------------------------------------------------------------
     def _finish(self, keep: bool) -> None:
         status = self.parser.get_status_code()
         response = Response(status, self.headers, b"".join(self.body), self.raw)
         self._start()
         if not keep:
             self.close()
+        self._deliver(response)
+
+
+class _Connection(_Reader, asyncio.Protocol):
+    """One HTTP/1.1 connection on an event loop, carrying one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future | None = None
+        self.closed = False
+        self._start()
+
+    # --- asyncio.Protocol ---------------------------------------------------------
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._feed(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self._ended()
+
+    # --- requests -----------------------------------------------------------------
+    def _deliver(self, response: Response) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(response)
 
@@ -210,48 +234,190 @@ class HostPool:
             self.idle.pop().close()
 
 
-class PooledTransport(httpx.AsyncBaseTransport):
-    """An httpx transport on :class:`HostPool` connections (see the module docstring).
+def _wire(request: httpx.Request, body: bytes) -> bytes:
+    """The whole HTTP/1.1 request: request line, the request's headers, body."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+    lines += [b"%s: %s\r\n" % pair for pair in request.headers.raw]
+    lines += [b"\r\n", body]
+    return b"".join(lines)
 
-    A transport belongs to the event loop it first serves (its connections do)."""
+
+@contextmanager
+def _as_httpx_errors(request: httpx.Request):
+    try:
+        yield
+    except TransportError as error:
+        raise httpx.RemoteProtocolError(str(error), request=request) from error
+    except TimeoutError as error:  # a blocking socket's deadline (socket.timeout)
+        raise httpx.ReadTimeout(f"no answer in time: {error}", request=request) from error
+    except OSError as error:  # refused, unreachable, reset
+        raise httpx.ConnectError(f"{type(error).__name__}: {error}", request=request) from error
+
+
+def _httpx_response(answer: Response, request: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        answer.status, headers=answer.raw, stream=httpx.ByteStream(answer.content), request=request
+    )
+
+
+class _Pools:
+    """One connection pool per ``scheme://host:port`` (``_new_pool(host, port, tls)``)."""
 
     def __init__(self) -> None:
-        self.pools: dict[tuple[bytes, bytes, int], HostPool] = {}
+        self.pools: dict = {}
 
-    def _pool(self, url: httpx.URL) -> HostPool:
+    def _pool(self, url: httpx.URL):
         key = (url.raw_scheme, url.raw_host, url.port or 0)
         pool = self.pools.get(key)
         if pool is None:
             if url.scheme not in ("http", "https"):
                 raise httpx.UnsupportedProtocol(f"{url.scheme!r} URLs are not HTTP: {url}")
             tls = url.scheme == "https"
-            pool = self.pools[key] = HostPool(url.host, url.port or (443 if tls else 80), tls, {})
+            pool = self.pools[key] = self._new_pool(url.host, url.port or (443 if tls else 80), tls)
         return pool
+
+    def close(self) -> None:
+        """Close every pooled connection (an async transport's: from its loop)."""
+        for pool in list(self.pools.values()):
+            pool.close()
+        self.pools.clear()
+
+
+class PooledTransport(_Pools, httpx.AsyncBaseTransport):
+    """An httpx transport on :class:`HostPool` connections (see the module docstring).
+
+    A transport belongs to the event loop it first serves (its connections do)."""
+
+    @staticmethod
+    def _new_pool(host: str, port: int, tls: bool) -> HostPool:
+        return HostPool(host, port, tls, {})
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         pool = self._pool(request.url)
-        target = request.url.raw_path
-        lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), target)]
-        lines += [b"%s: %s\r\n" % pair for pair in request.headers.raw]
-        lines += [b"\r\n", await request.aread()]
-        try:
-            answer = await pool.send(b"".join(lines))
-        except TransportError as error:
-            raise httpx.RemoteProtocolError(str(error), request=request) from error
-        except OSError as error:  # refused, unreachable, reset
-            raise httpx.ConnectError(f"{type(error).__name__}: {error}", request=request) from error
-        return httpx.Response(
-            answer.status,
-            headers=answer.raw,
-            stream=httpx.ByteStream(answer.content),
-            request=request,
-        )
+        with _as_httpx_errors(request):
+            answer = await pool.send(_wire(request, await request.aread()))
+        return _httpx_response(answer, request)
 
     async def aclose(self) -> None:
         self.close()
 
+
+# --------------------------------------------------------------------------------------
+# The same on blocking sockets, for a synchronous caller with one request at a time
+# --------------------------------------------------------------------------------------
+class _BlockingConnection(_Reader):
+    """One HTTP/1.1 connection on a blocking socket, carrying one request at a time."""
+
+    def __init__(self, host: str, port: int, tls: bool, timeout_s: float):
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        self.sock = sock
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.outcome: Response | Exception | None = None
+        self._start()
+
+    def _deliver(self, response: Response) -> None:
+        self.outcome = response
+
+    def _fail(self, error: Exception) -> None:
+        if self.outcome is None:
+            self.outcome = error
+
+    def send(self, data: bytes, timeout_s: float) -> Response:
+        """Send one whole request and read its answer, all within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        self.outcome = None
+        try:
+            self.sock.settimeout(timeout_s)
+            try:
+                self.sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError) as error:
+                raise StaleConnection(f"the server closed the connection ({error})") from None
+            while self.outcome is None:
+                self.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                try:
+                    chunk = self.sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    self._feed(chunk)
+                else:
+                    self.closed = True
+                    self._ended()
+        except BaseException:  # a timeout mid-request: the connection is unusable
+            self.close()
+            raise
+        if isinstance(self.outcome, Exception):
+            self.close()
+            raise self.outcome
+        return self.outcome
+
     def close(self) -> None:
-        """Close every pooled connection (from the transport's loop)."""
-        for pool in self.pools.values():
-            pool.close()
-        self.pools.clear()
+        self.closed = True
+        self.sock.close()
+
+
+class _BlockingPool:
+    """Keep-alive connections to one host for threads that block on them (thread-safe:
+    a connection serves one thread at a time)."""
+
+    def __init__(self, host: str, port: int, tls: bool):
+        self.host, self.port, self.tls = host, port, tls
+        self.idle: list[_BlockingConnection] = []
+        self.lock = threading.Lock()
+
+    def send(self, data: bytes, timeout_s: float) -> Response:
+        while True:
+            with self.lock:
+                conn = self.idle.pop() if self.idle else None
+            pooled = conn is not None
+            if conn is None:
+                conn = _BlockingConnection(self.host, self.port, self.tls, timeout_s)
+            try:
+                response = conn.send(data, timeout_s)
+            except StaleConnection:
+                if pooled:  # closed by the server while idle: not its answer, try afresh
+                    continue
+                raise
+            if not conn.closed:
+                with self.lock:
+                    self.idle.append(conn)
+            return response
+
+    def close(self) -> None:
+        with self.lock:
+            while self.idle:
+                self.idle.pop().close()
+
+
+class BlockingTransport(_Pools, httpx.BaseTransport):
+    """:class:`PooledTransport`'s synchronous twin, an ``httpx.BaseTransport`` on blocking
+    sockets: the connections, the ``httptools`` parsing and the errors are the same, and
+    no event loop runs. ``JudgeClient.chat`` uses it for a caller waiting on one request,
+    where an event loop's wake-ups and bookkeeping cost more than the request's HTTP
+    (BENCHMARKS.md, "GenRM serving"). The deadline of each request is
+    ``request.extensions["timeout"]["read"]`` (httpx's timeout extension), else
+    ``timeout_s``; past it, ``httpx.ReadTimeout``."""
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        super().__init__()
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+
+    def _new_pool(self, host: str, port: int, tls: bool) -> _BlockingPool:
+        return _BlockingPool(host, port, tls)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            pool = self._pool(request.url)
+        timeout = (request.extensions.get("timeout") or {}).get("read") or self.timeout_s
+        with _as_httpx_errors(request):
+            answer = pool.send(_wire(request, request.read()), timeout)
+        return _httpx_response(answer, request)
+
+    def close(self) -> None:
+        with self._lock:
+            super().close()

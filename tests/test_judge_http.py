@@ -7,12 +7,19 @@ import asyncio
 import json
 import socket
 import threading
+import time
 
 import httpx
 import pytest
 
 from mmyatt.rewards.judge_client import JudgeClient, JudgeUnavailableError
-from mmyatt.rewards.judge_http import HostPool, PooledTransport, StaleConnection, TransportError
+from mmyatt.rewards.judge_http import (
+    BlockingTransport,
+    HostPool,
+    PooledTransport,
+    StaleConnection,
+    TransportError,
+)
 
 BODY = json.dumps({"choices": [{"message": {"content": "Yes"}}]}).encode()
 
@@ -287,3 +294,104 @@ def test_sync_calls_run_on_the_callers_thread_until_a_daemon_is_needed():
         assert daemons() == before and c.metrics()["failures"] == 0
     finally:
         server.close()
+
+
+def test_blocking_transport_reads_every_body_kind_and_replaces_a_stale_connection():
+    """BlockingTransport (chat()'s transport) on the same servers as the pooled one:
+    length, chunked and close-delimited bodies; a pooled connection the server closed
+    is replaced at once; a fresh one that breaks raises httpx's errors."""
+    server = RawServer([ok(), chunked(), None, ok(), b"HTTP/1.1 200 OK\r\n\r\n" + BODY])
+    transport = BlockingTransport(timeout_s=5)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        post = transport.handle_request(httpx.Request("POST", url + "/x", json={"a": 1}))
+        chunk = transport.handle_request(httpx.Request("GET", url + "/y?q=1"))
+        stale = transport.handle_request(httpx.Request("GET", url + "/z"))  # new connection
+        closing = transport.handle_request(httpx.Request("GET", url + "/w"))  # ends at close
+        assert [r.read() for r in (post, chunk, stale, closing)] == [BODY] * 4
+        assert server.connections == 2 and not transport.pools[next(iter(transport.pools))].idle
+        head = server.requests[0].decode()
+        assert head.startswith("POST /x HTTP/1.1\r\n") and head.endswith('{"a":1}')
+        assert server.requests[1].decode().startswith("GET /y?q=1 HTTP/1.1\r\n")
+    finally:
+        transport.close()
+        server.close()
+
+    broken = RawServer([None, ok()[:30], b"SPDY/9 banana\r\n\r\n"], keep=False)
+    transport = BlockingTransport(timeout_s=5)
+    try:
+        for needle in ("closed the connection", "inside the response", "not valid HTTP"):
+            request = httpx.Request("GET", f"http://127.0.0.1:{broken.port}/a")
+            with pytest.raises(httpx.RemoteProtocolError, match=needle):
+                transport.handle_request(request)
+    finally:
+        broken.close()
+
+    closed = socket.create_server(("127.0.0.1", 0))  # a port nobody listens on
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(httpx.ConnectError):
+        transport.handle_request(httpx.Request("GET", f"http://127.0.0.1:{port}/"))
+
+
+def test_blocking_transport_deadline_and_a_sync_chat_that_times_out_then_fails_over():
+    """A server that never answers: the request's deadline (httpx's timeout extension)
+    raises httpx.ReadTimeout; chat() retries it on the other server at once."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    live = RawServer([ok()])
+    transport = BlockingTransport(timeout_s=30)
+    request = httpx.Request(
+        "GET",
+        f"http://127.0.0.1:{silent.getsockname()[1]}/",
+        extensions={"timeout": {"read": 0.2}},
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(httpx.ReadTimeout):
+        transport.handle_request(request)
+    assert time.perf_counter() - t0 < 5
+    urls = [f"http://127.0.0.1:{silent.getsockname()[1]}", f"http://127.0.0.1:{live.port}"]
+    try:
+        with JudgeClient(urls, model="m", timeout_s=0.3) as c:
+            c._rr = 0  # the silent server first
+            answer = c.chat({"messages": [{"role": "user", "content": "hi"}]})
+            metrics = c.metrics()
+        assert answer["choices"][0]["message"]["content"] == "Yes"
+        assert metrics["retries"] == 1 and metrics["servers"][urls[0]]["errors"] == 1
+        assert metrics["in_flight"] == {urls[0]: 0, urls[1]: 0}
+    finally:
+        silent.close()
+        live.close()
+
+
+def test_chat_uses_blocking_sockets_unless_the_transport_is_async_only():
+    """chat() on BlockingTransport (no event loop), or on a given transport that is also
+    synchronous (MockTransport); with an async-only one it goes through the loop. The
+    answers and the counters are those of the async path."""
+    server = RawServer([ok()] * 6)
+    message = {"messages": [{"role": "user", "content": "hi"}]}
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        with JudgeClient(url, model="m") as c:
+            assert isinstance(c._blocking, BlockingTransport)
+            sync = c.chat(message)
+            assert c._loop is None  # no event loop was made
+            (concurrent,) = c.chat_many([message])
+            assert sync == concurrent == json.loads(BODY)
+            m = c.metrics()
+            assert (m["requests"], m["completed"], m["attempts"], m["failures"]) == (2, 2, 2, 0)
+        with JudgeClient(url, model="m", transport=httpx.AsyncHTTPTransport()) as c:
+            assert c._blocking is None and c.chat(message) == json.loads(BODY)
+            assert c._loop is not None
+    finally:
+        server.close()
+    seen = []
+    mock = httpx.MockTransport(lambda r: seen.append(r) or httpx.Response(200, content=BODY))
+    with JudgeClient("http://judge:1", transport=mock) as c:
+        models = {"object": "list", "data": [{"id": "served-name"}]}
+        mock.handler = lambda r: (
+            seen.append(r)
+            or httpx.Response(200, json=models if r.url.path == "/v1/models" else json.loads(BODY))
+        )
+        assert c._blocking is mock and c.chat(message) == json.loads(BODY)
+    assert [r.url.path for r in seen] == ["/v1/models", "/v1/chat/completions"]
+    assert json.loads(seen[1].content)["model"] == "served-name"

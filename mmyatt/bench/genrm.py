@@ -13,6 +13,10 @@ training run uses:
   ``server_overhead_1 = 1 - model_ms_1 / wall_ms_1`` with ``wall_ms_1 = 1000 /
   req_per_s_1``: the share of a lone request's time that is not the model (the
   client's and server's HTTP, JSON, validation, queue and thread hops);
+* arm ``new_loop_client``: the ``new`` server, with ``chat()`` sent through the client's
+  event loop (an async-only transport) instead of blocking sockets;
+  ``ratio_blocking_chat_req_per_s_{1,32}`` compares ``new`` with it (at 32 in flight
+  both use the loop: ``chat_many``);
 * arms ``new`` (the judge server as it runs by default and as a training run's judge
   pool starts it: no keep-warm window) and ``new_keep_warm`` (``--keep-warm-ms``
   ``judge_server.BENCH_KEEP_WARM_MS``: after each answer the event loop polls before it
@@ -88,21 +92,64 @@ def _load_client(path: Path | None):
     return module.JudgeClient
 
 
+def _loop_client(urls, **kwargs):
+    """Our client with an async-only transport: ``chat()`` then runs the client's event
+    loop (as before :class:`~mmyatt.rewards.judge_http.BlockingTransport`)."""
+    from mmyatt.rewards.judge_client import JudgeClient
+    from mmyatt.rewards.judge_http import PooledTransport
+
+    return JudgeClient(urls, transport=PooledTransport(), **kwargs)
+
+
 def _req_per_s(
     url: str, bodies: list[dict], in_flight: int, client_cls=None
-) -> tuple[float, list[float]]:
-    """(req/s, server-reported model ms per response) of one round (after a warm-up)."""
+) -> tuple[float, list[float], float]:
+    """(req/s, server-reported model ms per response, client CPU ms per request) of one
+    round (after a warm-up)."""
     client_cls = client_cls or _load_client(None)
     with client_cls([url], max_in_flight=in_flight, timeout_s=120) as client:
-        client.chat_many(bodies[: min(len(bodies), in_flight, 8)])  # connections, first call
-        t0 = time.perf_counter()
+        if in_flight == 1:
+            for b in bodies[:8]:  # the connection, the first calls
+                client.chat(b)
+        else:
+            client.chat_many(bodies[: min(len(bodies), in_flight, 8)])
+        cpu0, t0 = time.process_time(), time.perf_counter()
         if in_flight == 1:
             responses = [client.chat(b) for b in bodies]
         else:
             responses = client.chat_many(bodies)
         elapsed = time.perf_counter() - t0
+        cpu_ms = (time.process_time() - cpu0) / len(bodies) * 1000.0
     models = [float(r.get("mmyatt", {}).get("model_time_ms", "nan")) for r in responses]
-    return len(bodies) / elapsed, models
+    return len(bodies) / elapsed, models, cpu_ms
+
+
+def _cpu_ms_per_request(before: dict, after: dict) -> float:
+    """A server's CPU ms per request served between two of its /stats answers."""
+    served = max(after["requests"] - before["requests"], 1)
+    return 1000.0 * (after["cpu_s"] - before["cpu_s"]) / served
+
+
+def _paired_overhead(url: str, bodies: list[dict], model: _ModelOnly) -> float:
+    """1 - (model alone) / (a lone request's wall time), each request of ``bodies`` timed
+    both ways one after the other: the forward in this process, then the request to the
+    server. Drift in the machine's speed (other work, a core's clock) hits both alike,
+    which the best-round figures, taken minutes apart, cannot promise."""
+    from mmyatt.rewards.judge_client import JudgeClient
+
+    judge, k = model.judge, model.k
+    alone = wall = 0.0
+    with JudgeClient([url], max_in_flight=1, timeout_s=120) as client:
+        for b in bodies[:8]:
+            client.chat(b)
+        for b in bodies:
+            t0 = time.perf_counter()
+            judge.next_token_logprobs([b["messages"]], k)
+            t1 = time.perf_counter()
+            client.chat(b)
+            t2 = time.perf_counter()
+            alone, wall = alone + (t1 - t0), wall + (t2 - t1)
+    return 1.0 - alone / wall
 
 
 class _ModelOnly:
@@ -242,25 +289,37 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
         ):
             servers["new"] = pool.urls[0]
             servers["new_keep_warm"] = warm_pool.urls[0]
+            loop_arm = ("new_loop_client", servers["new"], _loop_client)
             try:
                 if baseline is not None:
                     proc, url = _start_script(Path(baseline), model_dir, Path(tmp), threads)
                     procs.append(proc)
                     servers["baseline"] = url
                 arms = [(name, url, None) for name, url in servers.items()]
+                arms.insert(1, loop_arm)
                 if baseline is not None and baseline_client is not None:
                     old_client = _load_client(Path(baseline_client))
                     arms.append(("baseline_with_its_client", servers["baseline"], old_client))
+                paired: list[float] = []
                 best = {
-                    name: {"1": 0.0, "32": 0.0, "model_ms": [], "same_round": 0.0}
+                    name: {
+                        "1": 0.0,
+                        "32": 0.0,
+                        "model_ms": [],
+                        "same_round": 0.0,
+                        "client_cpu_ms": [],
+                    }
                     for name, _, _ in arms
                 }
+                start = pool.stats()[0], warm_pool.stats()[0]  # CPU: of the rounds only
                 for _ in range(rounds):
                     model.round()
+                    paired.append(_paired_overhead(servers["new"], bodies[:n1], model))
                     for name, url, client_cls in arms:
-                        r1, ms1 = _req_per_s(url, bodies[:n1], 1, client_cls)
-                        r32, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
+                        r1, ms1, cpu1 = _req_per_s(url, bodies[:n1], 1, client_cls)
+                        r32, _, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
                         b = best[name]
+                        b["client_cpu_ms"].append(cpu1)
                         if r1 > b["1"]:  # the server's own model time in the best round
                             b["same_round"] = statistics.median(ms1)
                         b["1"], b["32"] = max(b["1"], r1), max(b["32"], r32)
@@ -284,7 +343,11 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
             # call for these very requests (median of the best round): immune to the
             # benchmark process and the server being slowed differently by other work
             "server_overhead_1_by_server_model": 1.0 - b["same_round"] / wall_ms,
+            # CPU of the client's process per lone request (median over rounds)
+            "client_cpu_ms_1": statistics.median(b["client_cpu_ms"]),
         }
+    result["new"]["server_overhead_1_paired"] = statistics.median(paired)
+    result["new"]["server_overhead_1_paired_rounds"] = paired
     result["model_only"] = model_only
     keys = ("requests", "batches", "max_batch_seen", "waited_batches")
     result["new_server_batches"] = {k: stats.get(k) for k in keys}
@@ -293,7 +356,9 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
         "keep_warm_ms": warm_stats.get("keep_warm_ms"),
         "keep_warm_polls": warm_stats.get("keep_warm_polls"),
         "cpu_s": warm_stats.get("cpu_s"),
-        "cpu_s_without_keep_warm": stats.get("cpu_s"),
+        # per request served: the server without the window serves two arms
+        "cpu_ms_per_request": _cpu_ms_per_request(start[1], warm_stats),
+        "cpu_ms_per_request_without_keep_warm": _cpu_ms_per_request(start[0], stats),
     }
     new = result["new"]
     for arm, key in (("baseline", "ratio"), ("baseline_with_its_client", "ratio_pair")):
@@ -302,6 +367,10 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 result[f"{key}_req_per_s_{n}"] = (
                     new[f"req_per_s_{n}"] / result[arm][f"req_per_s_{n}"]
                 )
+    for n in ("1", "32"):  # chat() on blocking sockets over chat() through the event loop
+        result[f"ratio_blocking_chat_req_per_s_{n}"] = (
+            new[f"req_per_s_{n}"] / result["new_loop_client"][f"req_per_s_{n}"]
+        )
     for n in ("1", "32"):  # the keep-warm window over none
         result[f"ratio_keep_warm_req_per_s_{n}"] = (
             result["new_keep_warm"][f"req_per_s_{n}"] / new[f"req_per_s_{n}"]
