@@ -68,6 +68,10 @@ VIDEO_PHRASES = (
     "one {colour} {shape} moving {direction}",
     "a {shape} that is {colour} moving {direction}",
 )
+# the phrasings that name the shape before the colour (``shape_first``): a policy that
+# writes the shape first picks it from the picture, before a colour word it could be
+# guessed from
+SHAPE_FIRST_PHRASES = {False: IMAGE_PHRASES[1], True: VIDEO_PHRASES[4]}  # image, clip
 # the built-in judge's question: the GenRM template ``yes_no_shows`` (rewards/templates)
 # with the policy's answer filled in (the base judge's own format, "Does this image show
 # a red circle?", so what it learned about colour and shape carries over)
@@ -168,11 +172,21 @@ def _combo(
         return c
 
 
-def describe(colour: str, shape: str, direction: str | None, rng: np.random.Generator) -> str:
+def describe(
+    colour: str, shape: str, direction: str | None, rng: np.random.Generator, shape_first=False
+) -> str:
     """A correct description in a phrasing drawn from :data:`IMAGE_PHRASES` /
-    :data:`VIDEO_PHRASES`."""
+    :data:`VIDEO_PHRASES` (the draw is made either way), or with ``shape_first`` the
+    one of :data:`SHAPE_FIRST_PHRASES`.
+
+    >>> rng = np.random.default_rng(0)
+    >>> describe("red", "square", None, rng, shape_first=True)
+    'a square that is red'
+    """
     phrases = IMAGE_PHRASES if direction is None else VIDEO_PHRASES
     phrase = phrases[int(rng.integers(len(phrases)))]
+    if shape_first:
+        phrase = SHAPE_FIRST_PHRASES[direction is not None]
     return phrase.format(colour=colour, shape=shape, direction=direction)
 
 
@@ -187,6 +201,7 @@ def describe_records(
     only_triples=None,
     extra_colours: bool = False,
     extra_fraction: float = 0.0,
+    shape_first: float = 0.0,
 ) -> list[dict]:
     """``n`` records with in-memory media: every ``round(1 / video_fraction)``-th one a
     clip of :data:`FRAMES` frames ("video": (T, H, W, 3) uint8), the others an image
@@ -195,7 +210,8 @@ def describe_records(
     ``only_pairs`` / ``only_triples`` draw from those combinations alone (held-out eval);
     ``extra_colours`` adds :data:`EXTRA_COLOURS` to the palette (judge training);
     ``extra_fraction`` draws that share of the records in an extra colour with any shape
-    (a policy's training: shape has to be read apart from colour).
+    (a policy's training: shape has to be read apart from colour); ``shape_first``: that
+    share of the answers is phrased shape first (:data:`SHAPE_FIRST_PHRASES`).
 
     >>> r = describe_records(4, seed=0)
     >>> [x["task"] for x in r], r[3]["prompt"]
@@ -203,11 +219,13 @@ def describe_records(
     """
     rng = np.random.default_rng([seed, 11])
     every = int(round(1 / video_fraction)) if video_fraction > 0 else 0
-    if not 0.0 <= extra_fraction <= 1.0:
-        raise ValueError(f"extra_fraction must be in [0, 1], got {extra_fraction}")
+    for name, value in (("extra_fraction", extra_fraction), ("shape_first", shape_first)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
     palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
     # its own stream, so that the records without extra colours are drawn as before
     extra_rng = np.random.default_rng([seed, 12])
+    order_rng = np.random.default_rng([seed, 13])  # and the phrasing order's
     out = []
     for i in range(n):
         video = bool(every) and i % every == every - 1
@@ -239,7 +257,8 @@ def describe_records(
             rec["video"] = np.stack([np.asarray(f) for f in frames])
         else:
             rec["image"] = draw_shape(fill, shape, size=IMAGE_SIZE, rng=rng, jitter=0.1)
-        rec["answer"] = describe(colour, shape, direction, rng)
+        first = shape_first > 0 and order_rng.random() < shape_first
+        rec["answer"] = describe(colour, shape, direction, rng, first)
         out.append(rec)
     return out
 
@@ -302,6 +321,7 @@ def write_describe_task(
     video_fraction: float = 0.25,
     extra_colours: float = 0.0,
     val_fold: int = 1,
+    shape_first: float = 0.0,
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
@@ -313,7 +333,9 @@ def write_describe_task(
     checking that a choice carries over to other held-out pairs: the validation pairs
     join RL training and :data:`VAL_FOLD2_PAIRS` / :data:`VAL_FOLD2_TRIPLES` (trained
     combinations of the validation colours) are held out of it and make ``val.jsonl``;
-    the test split and its exclusions do not change. Returns {"train", "sft", "test",
+    the test split and its exclusions do not change. ``shape_first``: the share of the
+    train and SFT records whose reference answer names the shape before the colour (the
+    SFT warm start learns to write the shape first). Returns {"train", "sft", "test",
     "val"}."""
     if val_fold not in (1, 2):
         raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
@@ -332,6 +354,7 @@ def write_describe_task(
             exclude_pairs=excl_p,
             exclude_triples=excl_t,
             extra_fraction=extra_colours,
+            shape_first=shape_first,
         ),
         # the warm start's split: every combination, as the flow recipes' base models saw
         # them; "held-out" means unseen by RL and by the judge
@@ -342,6 +365,7 @@ def write_describe_task(
             exclude_pairs=(),
             exclude_triples=(),
             extra_fraction=extra_colours,
+            shape_first=shape_first,
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(

@@ -225,6 +225,35 @@ def test_second_validation_fold_swaps_the_validation_pairs_into_training(tmp_pat
         d.write_describe_task(tmp_path / "bad", n_train=4, n_eval=3, val_fold=3)
 
 
+def test_shape_first_rephrases_the_answers_and_nothing_else(tmp_path):
+    import json
+
+    plain = d.describe_records(40, seed=3)
+    same = d.describe_records(40, seed=3, shape_first=0.0)
+    first = d.describe_records(40, seed=3, shape_first=1.0)
+    half = d.describe_records(400, seed=3, shape_first=0.5)
+    assert [r["answer"] for r in same] == [r["answer"] for r in plain]
+    for a, b in zip(plain, first):  # the same objects and media, the shape named first
+        assert (a["colour"], a["shape"], a["direction"]) == (
+            b["colour"],
+            b["shape"],
+            b["direction"],
+        )
+        assert b["answer"].split()[1] == b["shape"] and dc.description_check(b["answer"], b) == 1.0
+        if "image" in a:
+            assert np.array_equal(np.asarray(a["image"]), np.asarray(b["image"]))
+    share = np.mean([r["answer"].split()[1] == r["shape"] for r in half])
+    assert 0.55 < share < 0.75  # half drawn shape first, plus the mixed phrasings' own 1/5
+    p = d.write_describe_task(tmp_path, n_train=60, n_eval=6, shape_first=1.0)
+    rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
+    assert all(r["answer"].split()[1] == r["shape"] for r in rows["sft"] + rows["train"])
+    default = d.write_describe_task(tmp_path / "plain", n_train=60, n_eval=6)
+    for split in ("test", "val"):  # the eval splits are not touched
+        assert p[split].read_text() == default[split].read_text()
+    with pytest.raises(ValueError, match="shape_first"):
+        d.describe_records(2, seed=0, shape_first=-0.1)
+
+
 def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     from mmyatt.builders import synthetic_task
     from mmyatt.config import load_config
@@ -238,7 +267,8 @@ def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
         ],
     )
     with pytest.raises(
-        ValueError, match=r"synthetic:describe takes \['extra_colours', 'val_fold'\]"
+        ValueError,
+        match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first'\]",
     ):
         synthetic_task("synthetic:describe", tmp_path, cfg)
     cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])
