@@ -23,7 +23,7 @@ training run uses:
   sleeps, so a lone client's next request may find a warm core);
   ``ratio_keep_warm_req_per_s_{1,32}`` compares them, and ``new_keep_warm_server``
   reports the CPU seconds both servers used;
-* ``server_overhead_1_paired`` (arm ``new``): the same share with each request timed
+* ``server_overhead_1_paired`` (arms ``new`` and ``baseline``): the same share with each request timed
   both ways one right after the other, the forward alone in this process and then the
   request to the server, over the ``requests_1`` requests of a round; the round of
   median overhead is reported with its ``model_ms_1_paired`` and ``wall_ms_1_paired``,
@@ -313,7 +313,11 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 if baseline is not None and baseline_client is not None:
                     old_client = _load_client(Path(baseline_client))
                     arms.append(("baseline_with_its_client", servers["baseline"], old_client))
-                paired: list[tuple[float, ...]] = []
+                # arm ``new``, and the baseline server (a yardstick check: its thread
+                # hops and batch waits must show)
+                paired: dict[str, list[tuple[float, ...]]] = {
+                    n: [] for n in ("new", "baseline") if n in servers
+                }
                 best = {
                     name: {
                         "1": 0.0,
@@ -327,7 +331,8 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                 start = pool.stats()[0], warm_pool.stats()[0]  # CPU: of the rounds only
                 for _ in range(rounds):
                     model.round()
-                    paired.append(_paired_overhead(servers["new"], bodies[:n1], model))
+                    for name, taken in paired.items():
+                        taken.append(_paired_overhead(servers[name], bodies[:n1], model))
                     for name, url, client_cls in arms:
                         r1, ms1, cpu1 = _req_per_s(url, bodies[:n1], 1, client_cls)
                         r32, _, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
@@ -360,11 +365,12 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
             "client_cpu_ms_1": statistics.median(b["client_cpu_ms"]),
         }
     # the round of median overhead: its overhead and the model's and the wall's ms
-    overhead, model_ms, wall_ms = sorted(paired)[len(paired) // 2]
-    result["new"]["server_overhead_1_paired"] = overhead
-    result["new"]["model_ms_1_paired"] = model_ms
-    result["new"]["wall_ms_1_paired"] = wall_ms
-    result["new"]["server_overhead_1_paired_rounds"] = [p[0] for p in paired]
+    for name, taken in paired.items():
+        overhead, model_ms, wall_ms = sorted(taken)[len(taken) // 2]
+        result[name]["server_overhead_1_paired"] = overhead
+        result[name]["model_ms_1_paired"] = model_ms
+        result[name]["wall_ms_1_paired"] = wall_ms
+        result[name]["server_overhead_1_paired_rounds"] = [p[0] for p in taken]
     result["model_only"] = model_only
     keys = ("requests", "batches", "max_batch_seen", "waited_batches")
     result["new_server_batches"] = {k: stats.get(k) for k in keys}
