@@ -297,8 +297,8 @@ class JudgeClient:
 
     def close(self) -> None:
         """Close pooled connections and stop the client's loop (and its thread)."""
-        if self._blocking is not None and self._transport is None:
-            self._blocking.close()  # ours (a given transport is closed with the loop's)
+        if self._blocking is not None and (self._transport is None or self._loop is None):
+            self._blocking.close()  # ours; or a given one that no loop will close
         if self._loop is not None and self._thread is None and _loop_running_here():
             self._ensure_loop()  # this thread cannot run a second loop: the daemon closes
         with self._runner:  # after a caller running the loop itself

@@ -251,9 +251,9 @@ def test_client_on_any_httpx_transport_mock_and_httpcore():
 
 
 def test_sync_calls_run_on_the_callers_thread_until_a_daemon_is_needed():
-    """chat/chat_many/health run the client's loop on the calling thread (no thread
-    hops); concurrent callers, async callers and callers inside a running loop are
-    served by the daemon thread, which then serves every call."""
+    """chat_many/health run the client's loop on the calling thread (no thread hops;
+    chat needs no loop); concurrent callers, async callers and callers inside a running
+    loop are served by the daemon thread, which then serves every call."""
     import concurrent.futures
 
     server = RawServer([ok()] * 40)
@@ -285,7 +285,7 @@ def test_sync_calls_run_on_the_callers_thread_until_a_daemon_is_needed():
             assert all(len(f.result(timeout=30)) == 2 for f in futures)
 
         async def inside_a_loop():
-            c.chat(message)  # blocks this loop; served by the daemon
+            c.chat(message)  # blocks this loop (blocking sockets, no daemon needed)
             return await c.achat(message)
 
         assert run(inside_a_loop())["choices"][0]["message"]["content"] == "Yes"
