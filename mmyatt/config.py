@@ -208,6 +208,9 @@ class SFTConfig:
     # sft.jsonl, which, like the flow recipes' base models, sees every combination)
     data: str | None = None
     threads: int = 1  # SFT runs once, in the launching process, before controllers start
+    # parameter-name prefixes frozen in SFT only; None: model.freeze (e.g. [] trains a VLM's
+    # vision tower on the warm start's data while RL keeps model.freeze's [model.visual])
+    freeze: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

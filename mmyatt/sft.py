@@ -39,7 +39,8 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     s = cfg.sft
     torch.manual_seed(cfg.trainer.seed)
     torch.set_num_threads(s.threads)
-    policy = builders.build_policy(cfg.model)
+    model = cfg.model if s.freeze is None else dataclasses.replace(cfg.model, freeze=s.freeze)
+    policy = builders.build_policy(model)
     if s.check is not None:  # one rule, e.g. when the run's reward is a judge not yet started
         reward = builders.build_reward(
             dataclasses.replace(cfg.reward, functions=(RewardSpec(name=s.check),))

@@ -112,6 +112,32 @@ def test_freeze_parameters_by_prefix():
         freeze_parameters(m, ["nothing_here"])
 
 
+@pytest.mark.parametrize(
+    "overrides, frozen_in_sft",
+    [([], ("model.visual",)), (["sft.freeze=[]"], ()), (["sft.freeze=[lm_head]"], ("lm_head",))],
+)
+def test_sft_freezes_model_freeze_unless_sft_freeze_says_otherwise(
+    monkeypatch, tmp_path, overrides, frozen_in_sft
+):
+    """The warm start builds its policy with sft.freeze when set, else model.freeze; RL
+    keeps model.freeze either way."""
+    from mmyatt import sft
+    from mmyatt.config import load_config
+
+    class Built(Exception):
+        pass
+
+    def capture(model, device=None):
+        raise Built(model)
+
+    cfg = load_config("configs/vlm_genrm_tiny.yaml", overrides)
+    assert cfg.model.freeze == ("model.visual",)
+    monkeypatch.setattr(sft.builders, "build_policy", capture)
+    with pytest.raises(Built) as built:
+        sft.run_sft(cfg, tmp_path / "out")
+    assert built.value.args[0].freeze == frozen_in_sft
+
+
 # --- a run that stopped early says so --------------------------------------------------------
 def _write_run(tmp_path, done: int, planned: int, cut: bool):
     rows = [
