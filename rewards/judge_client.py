@@ -37,8 +37,9 @@ the same way.
   ``chat_many(requests)`` blocks the caller and returns responses in order;
   ``await client.achat(request)`` / ``achat_many`` serve async callers on any loop
   (e.g. streaming each finished rollout sample to the judge).
-* **Bounded in-flight.** At most ``max_in_flight`` requests are on the wire at once;
-  the server batches the ones that arrive together.
+* **Bounded in-flight.** At most ``max_in_flight`` requests are on the wire at once
+  from the loop's calls, and as many from the threads calling ``chat``; the server
+  batches the ones that arrive together.
 * **Least-in-flight balancing.** Each attempt goes to the server with the fewest
   requests in flight (ties rotate), skipping servers that failed recently.
 * **Retries** (tenacity). Connection errors, timeouts (``timeout_s`` per attempt),
