@@ -21,11 +21,12 @@ the same way.
   in the calling thread (:class:`mmyatt.rewards.judge_http.BlockingTransport`, the same
   connections, parser and errors as the pooled transport), with the same retries,
   balancing and counters, and a ``max_in_flight`` bound of its own across the threads
-  calling ``chat``: for a lone request an event loop's bookkeeping and wake-ups cost more
-  client CPU than its HTTP (BENCHMARKS.md, "GenRM serving: chat() on blocking
-  sockets"). A given ``transport=`` that is also synchronous (``httpx.MockTransport``)
-  serves ``chat`` directly; an async-only one (``httpx.AsyncHTTPTransport``) sends it
-  through the loop. The default transport is
+  calling ``chat``. Its head is built once per server and its answer read as bytes (no
+  ``httpx.Request``/``Response`` per call), and tenacity is entered only after a first
+  attempt failed: at 1 in flight the client's work sits between two of the judge's
+  forwards, on a core gone cold (BENCHMARKS.md, "GenRM serving: a leaner chat()"). A
+  given ``transport=`` that is also synchronous (``httpx.MockTransport``) serves ``chat``
+  with httpx objects; an async-only one sends it through the loop. The default transport is
   :class:`mmyatt.rewards.judge_http.PooledTransport`: pooled HTTP/1.1 keep-alive
   connections per server, responses parsed by ``httptools`` (the C parser uvicorn
   uses); ``transport=`` takes any other (``httpx.AsyncHTTPTransport(verify=...,
@@ -80,7 +81,7 @@ from tenacity import (
     stop_after_attempt,
 )
 
-from mmyatt.rewards.judge_http import BlockingTransport, PooledTransport, within
+from mmyatt.rewards.judge_http import BlockingTransport, PooledTransport, post_head, within
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -225,6 +226,8 @@ class JudgeClient:
             headers["Authorization"] = f"Bearer {api_key}"
         self._headers = httpx.Headers(headers)
         self._post_headers = httpx.Headers({**headers, "Content-Type": "application/json"})
+        self._lean = type(self._blocking) is BlockingTransport  # ours: bytes, no httpx objects
+        self._heads = {s.url: post_head(s.chat_url, self._post_headers) for s in self.servers}
         self.counters = {
             "requests": 0,
             "completed": 0,
@@ -349,7 +352,15 @@ class JudgeClient:
             return self._run(lambda: self._chat(request))
         self._count("requests")
         with self._sync_slots, self._timed(), self._final_errors(state := _Attempts()):
-            return self._retrying(Retrying, state)(self._attempt_sync, request, state)
+            try:  # the first attempt outside tenacity: most requests need no other
+                return self._attempt_sync(request, state)
+            except _RetryableError as error:
+                if not self.max_retries:
+                    raise RetryError(None) from error  # out of attempts, as tenacity says
+            self._count("retries")  # then as tenacity's loop: wait, count, try again
+            time.sleep(self._wait_before_retry(state))
+            retries = self._retrying(Retrying, state, self.max_retries)
+            return retries(self._attempt_sync, request, state)
 
     async def achat(self, request: dict) -> dict:
         return await asyncio.wrap_future(self._submit(self._chat(request)))
@@ -441,10 +452,11 @@ class JudgeClient:
         state.tried.clear()
         return delay
 
-    def _retrying(self, cls, state: _Attempts):
-        """tenacity's ``Retrying`` / ``AsyncRetrying`` with the client's policy."""
+    def _retrying(self, cls, state: _Attempts, attempts: int | None = None):
+        """tenacity's ``Retrying`` / ``AsyncRetrying`` with the client's policy, for
+        ``attempts`` attempts (default: the first and ``max_retries`` retries)."""
         return cls(
-            stop=stop_after_attempt(self.max_retries + 1),
+            stop=stop_after_attempt(attempts or self.max_retries + 1),
             wait=lambda _: self._wait_before_retry(state),
             retry=retry_if_exception_type(_RetryableError),
             before_sleep=lambda _: self._count("retries"),  # not called after the last try
@@ -523,7 +535,13 @@ class JudgeClient:
                 if self.model is None and server.model is None:
                     self._models_answer(server, self._send_sync("GET", server.url + "/v1/models"))
                 body["model"] = self.model or server.model
-            return self._chat_answer(server, self._send_sync("POST", server.chat_url, _dumps(body)))
+            if self._lean:
+                response = self._blocking.post(
+                    server.chat_url, self._heads[server.url], _dumps(body), self.timeout_s
+                )
+            else:
+                response = self._send_sync("POST", server.chat_url, _dumps(body))
+            return self._chat_answer(server, response)
 
     def _send_sync(self, method: str, url: httpx.URL | str, body: bytes | None = None):
         """One HTTP exchange on the blocking transport, bounded by ``timeout_s``."""

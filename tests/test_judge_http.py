@@ -178,6 +178,44 @@ def test_client_retries_broken_answers_and_reads_error_bodies():
         server.close()
 
 
+def _head(request: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    head, _, body = request.partition(b"\r\n\r\n")
+    line, *fields = head.split(b"\r\n")
+    headers = {k.lower(): v for k, _, v in (f.partition(b": ") for f in fields)}
+    assert int(headers[b"content-length"]) == len(body)
+    return line, headers
+
+
+def test_chat_sends_the_request_the_httpx_path_sends():
+    """chat() writes its request head itself (no httpx.Request per call): the request
+    line and headers must be those the loop path's httpx.Request puts on the wire."""
+    server = RawServer([ok(), ok()])
+    url = f"http://127.0.0.1:{server.port}/v1"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with JudgeClient([url], model="m", api_key="k") as c:
+            assert c.chat(body) == c.chat_many([body])[0] == json.loads(BODY)
+    finally:
+        server.close()
+    blocking, loop = (_head(r) for r in server.requests)
+    assert blocking == loop
+    assert blocking[0] == b"POST /v1/chat/completions HTTP/1.1"
+    assert blocking[1][b"authorization"] == b"Bearer k"
+    assert blocking[1][b"host"] == f"127.0.0.1:{server.port}".encode()
+
+
+def test_chat_without_retries_fails_after_one_attempt():
+    server = RawServer([ok()[:30]], keep=False)  # a broken answer: retryable
+    try:
+        with JudgeClient([f"http://127.0.0.1:{server.port}"], model="m", max_retries=0) as c:
+            with pytest.raises(JudgeUnavailableError, match="after 1 attempts"):
+                c.chat({"messages": [{"role": "user", "content": "hi"}]})
+            m = c.metrics()
+            assert (m["attempts"], m["retries"], m["failures"]) == (1, 0, 1)
+    finally:
+        server.close()
+
+
 def test_pooled_transport_serves_an_httpx_client_and_raises_httpx_errors():
     server = RawServer([ok(extra="X-Judge: a\r\n"), chunked(), ok()[:30]])
 
