@@ -44,6 +44,8 @@ training run uses:
 
 The model alone is measured in every round, between the servers' turns, so that load
 from other processes hits it and the servers alike; each figure keeps its best round.
+The arms' order rotates from round to round, so that no arm always runs first (two arms
+on the same server and path differed by 7-28% at 32 in flight with a fixed order).
 
 ``baseline=PATH`` also serves the judge with another server implementation (a
 ``judge_server.py`` file run as a script, e.g. an earlier commit's, taken with
@@ -329,11 +331,12 @@ def _bench(quick: bool, baseline, baseline_client) -> dict:
                     for name, _, _ in arms
                 }
                 start = pool.stats()[0], warm_pool.stats()[0]  # CPU: of the rounds only
-                for _ in range(rounds):
+                for r in range(rounds):
                     model.round()
                     for name, taken in paired.items():
                         taken.append(_paired_overhead(servers[name], bodies[:n1], model))
-                    for name, url, client_cls in arms:
+                    # the arms' order rotates from round to round: each gets every place
+                    for name, url, client_cls in arms[r % len(arms) :] + arms[: r % len(arms)]:
                         r1, ms1, cpu1 = _req_per_s(url, bodies[:n1], 1, client_cls)
                         r32, _, _ = _req_per_s(url, bodies[:n32], 32, client_cls)
                         b = best[name]
