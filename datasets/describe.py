@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .factored_shapes import EXTRA_SHAPES, draw_extra
 from .media import write_video
 from .shapes import (
     COLOURS,
@@ -202,6 +203,7 @@ def describe_records(
     extra_colours: bool = False,
     extra_fraction: float = 0.0,
     shape_first: float = 0.0,
+    extra_shapes: float = 0.0,
 ) -> list[dict]:
     """``n`` records with in-memory media: every ``round(1 / video_fraction)``-th one a
     clip of :data:`FRAMES` frames ("video": (T, H, W, 3) uint8), the others an image
@@ -211,7 +213,9 @@ def describe_records(
     ``extra_colours`` adds :data:`EXTRA_COLOURS` to the palette (judge training);
     ``extra_fraction`` draws that share of the records in an extra colour with any shape
     (a policy's training: shape has to be read apart from colour); ``shape_first``: that
-    share of the answers is phrased shape first (:data:`SHAPE_FIRST_PHRASES`).
+    share of the answers is phrased shape first (:data:`SHAPE_FIRST_PHRASES`);
+    ``extra_shapes``: that share of the images shows one of ``EXTRA_SHAPES`` instead (so
+    that no colour predicts the shape).
 
     >>> r = describe_records(4, seed=0)
     >>> [x["task"] for x in r], r[3]["prompt"]
@@ -219,13 +223,18 @@ def describe_records(
     """
     rng = np.random.default_rng([seed, 11])
     every = int(round(1 / video_fraction)) if video_fraction > 0 else 0
-    for name, value in (("extra_fraction", extra_fraction), ("shape_first", shape_first)):
+    for name, value in (
+        ("extra_fraction", extra_fraction),
+        ("shape_first", shape_first),
+        ("extra_shapes", extra_shapes),
+    ):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value}")
     palette = [*COLOURS, *EXTRA_COLOURS] if extra_colours else None
     # its own stream, so that the records without extra colours are drawn as before
     extra_rng = np.random.default_rng([seed, 12])
     order_rng = np.random.default_rng([seed, 13])  # and the phrasing order's
+    shape_rng = np.random.default_rng([seed, 14])  # and the extra shapes'
     out = []
     for i in range(n):
         video = bool(every) and i % every == every - 1
@@ -240,6 +249,8 @@ def describe_records(
             list(EXTRA_COLOURS) if extra else palette,
         )
         colour, shape = combo[0], combo[1]
+        if not video and only is None and extra_shapes and shape_rng.random() < extra_shapes:
+            shape = EXTRA_SHAPES[int(shape_rng.integers(len(EXTRA_SHAPES)))]
         direction = combo[2] if video else None
         rec = {
             "id": f"d{seed}-{i}",
@@ -255,6 +266,8 @@ def describe_records(
                 fill, shape, direction, num_frames=FRAMES, size=IMAGE_SIZE, rng=rng
             )
             rec["video"] = np.stack([np.asarray(f) for f in frames])
+        elif shape in EXTRA_SHAPES:
+            rec["image"] = draw_extra(fill, shape, size=IMAGE_SIZE, rng=shape_rng, jitter=0.1)
         else:
             rec["image"] = draw_shape(fill, shape, size=IMAGE_SIZE, rng=rng, jitter=0.1)
         first = shape_first > 0 and order_rng.random() < shape_first
@@ -322,6 +335,7 @@ def write_describe_task(
     extra_colours: float = 0.0,
     val_fold: int = 1,
     shape_first: float = 0.0,
+    extra_shapes: float = 0.0,
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
@@ -335,8 +349,8 @@ def write_describe_task(
     combinations of the validation colours) are held out of it and make ``val.jsonl``;
     the test split and its exclusions do not change. ``shape_first``: the share of the
     train and SFT records whose reference answer names the shape before the colour (the
-    SFT warm start learns to write the shape first). Returns {"train", "sft", "test",
-    "val"}."""
+    SFT warm start learns to write the shape first); ``extra_shapes``: the share of their
+    images showing an extra shape. Returns {"train", "sft", "test", "val"}."""
     if val_fold not in (1, 2):
         raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
     root = Path(out_dir)
@@ -355,6 +369,7 @@ def write_describe_task(
             exclude_triples=excl_t,
             extra_fraction=extra_colours,
             shape_first=shape_first,
+            extra_shapes=extra_shapes,
         ),
         # the warm start's split: every combination, as the flow recipes' base models saw
         # them; "held-out" means unseen by RL and by the judge
@@ -366,6 +381,7 @@ def write_describe_task(
             exclude_triples=(),
             extra_fraction=extra_colours,
             shape_first=shape_first,
+            extra_shapes=extra_shapes,
         ),
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(
@@ -376,7 +392,7 @@ def write_describe_task(
 
 
 # --- judge data -------------------------------------------------------------------------------
-def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
+def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
     # a wrong colour from the image's own group: palette for palette images, so that
     # "an extra colour's name" is never a shortcut to "No"
@@ -384,7 +400,7 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator) -> str:
     if kind == "colour":
         return describe(_other(palette, c, rng), s, d, rng)
     if kind == "shape":
-        return describe(c, _other(SHAPES, s, rng), d, rng)
+        return describe(c, _other(list(shapes), s, rng), d, rng)
     if kind == "direction":
         return describe(c, s, _other(list(DIRECTIONS), d, rng), rng)
     if kind == "added":  # a false attribute on top of a correct description
@@ -520,6 +536,8 @@ def judge_records(
         raise ValueError(f"frames must be in [2, {FRAMES}], got {frames}")
     rng = np.random.default_rng([seed, 12])
     base = describe_records(n, seed=seed, video_fraction=video_fraction, **kwargs)
+    # with extra shapes drawn, a wrong shape may be any of them too
+    shapes = [*SHAPES, *EXTRA_SHAPES] if kwargs.get("extra_shapes") else list(SHAPES)
     out = []
     for i, rec in enumerate(base):
         # alternate within images and within clips (clips are every 4th record at the
@@ -542,7 +560,7 @@ def judge_records(
             for attempt in range(200):
                 if attempt % 20 == 0:
                     kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
-                answer = _negative(kind, rec, rng)
+                answer = _negative(kind, rec, rng, shapes)
                 if not _names_heldout(answer, rec):
                     break
             else:
@@ -577,22 +595,3 @@ def clip_frames(video: np.ndarray, frames: int) -> list[Image.Image]:
         raise ValueError(f"frames must be >= 2, got {frames}")
     keep = sorted({round(i * (t - 1) / (min(frames, t) - 1)) for i in range(min(frames, t))})
     return [Image.fromarray(np.asarray(video[j])) for j in keep]
-
-
-def direction_records(n: int, *, seed: int, frames: int = FRAMES, **kwargs) -> list[dict]:
-    """``n`` clips asked :data:`DIRECTION_QUESTION`, answered with the true direction
-    (a judge's drill in reading motion; drawn from ground truth, held-out triples and
-    pairs excluded by default). ``kwargs`` go to :func:`describe_records`."""
-    out = []
-    for r in describe_records(n, seed=seed, video_fraction=1.0, **kwargs):
-        out.append(
-            {
-                **{k: r[k] for k in ("id", "colour", "shape", "direction", "task")},
-                "image": clip_frames(r["video"], frames),
-                "prompt": DIRECTION_QUESTION,
-                "answer": r["direction"],
-                "verdict": None,
-                "negative_type": None,
-            }
-        )
-    return out

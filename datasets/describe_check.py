@@ -13,11 +13,12 @@ judge's reward (``rewards/rules.py``: ``describe_check``, ``describe_false_claim
 from __future__ import annotations
 
 from .describe import _WORD, EXTRA_COLOURS
+from .factored_shapes import EXTRA_SHAPES
 from .shapes import COLOURS, DIRECTIONS, SHAPES
 
-_VALUES = {
+_VALUES = {  # every value a description may name (a star named for a circle is false)
     "colour": (*COLOURS, *EXTRA_COLOURS),
-    "shape": SHAPES,
+    "shape": (*SHAPES, *EXTRA_SHAPES),
     "direction": tuple(DIRECTIONS),
 }
 

@@ -61,7 +61,8 @@ class DataConfig:
     # keyword arguments of the synthetic task's writer (synthetic:describe:
     # extra_colours, the share of train and SFT records in colours outside the eval
     # palette; val_fold: 2 for the second validation fold; shape_first, the share of
-    # reference answers that name the shape before the colour)
+    # reference answers that name the shape before the colour; extra_shapes, the share
+    # of train and SFT images showing a shape outside the eval's three)
     synthetic_kwargs: dict[str, Any] = field(default_factory=dict)
     prompts_per_step: int = 16  # B, global over all controllers
     shuffle: bool = True

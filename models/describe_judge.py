@@ -24,7 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from mmyatt.datasets.describe import JUDGE_NEGATIVES, direction_records, judge_records
+from mmyatt.datasets.describe import (
+    DIRECTION_QUESTION,
+    FRAMES,
+    JUDGE_NEGATIVES,
+    clip_frames,
+    describe_records,
+    judge_records,
+)
 from mmyatt.datasets.shapes import (
     HELDOUT_TEST,
     HELDOUT_VAL,
@@ -91,6 +98,25 @@ def eval_sets(n: int, *, split: str, seed: int = 0, frames: int = 4) -> dict[str
     }
 
 
+def direction_records(n: int, *, seed: int, frames: int = FRAMES, **kwargs) -> list[dict]:
+    """``n`` clips asked ``DIRECTION_QUESTION``, answered with the true direction (a
+    judge's drill in reading motion; drawn from ground truth, held-out triples and pairs
+    excluded by default). ``kwargs`` go to ``describe_records``."""
+    out = []
+    for r in describe_records(n, seed=seed, video_fraction=1.0, **kwargs):
+        out.append(
+            {
+                **{k: r[k] for k in ("id", "colour", "shape", "direction", "task")},
+                "image": clip_frames(r["video"], frames),
+                "prompt": DIRECTION_QUESTION,
+                "answer": r["direction"],
+                "verdict": None,
+                "negative_type": None,
+            }
+        )
+    return out
+
+
 def training_batch(
     n: int,
     *,
@@ -104,6 +130,7 @@ def training_batch(
     frames: int = 4,
     negative_weights: dict[str, float] | None = None,
     direction_share: float = 0.0,
+    extra_shapes: float = 0.0,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
@@ -129,6 +156,7 @@ def training_batch(
         video_fraction=video_fraction,
         frames=frames,
         negative_weights=negative_weights,
+        extra_shapes=extra_shapes,
     )
     if n_score:
         out += judge_records(
@@ -138,6 +166,7 @@ def training_batch(
             score=True,
             frames=frames,
             negative_weights=negative_weights,
+            extra_shapes=extra_shapes,
         )
     if n_dir:
         out += direction_records(n_dir, seed=seed + 67, frames=frames, extra_colours=extra_colours)
@@ -170,10 +199,12 @@ def train_describe_judge(
     frames: int = 4,
     negative_weights: dict[str, float] | None = None,
     direction_share: float = 0.0,
+    extra_shapes: float = 0.0,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
-    :func:`judge_records` (``extra_colours``: with the judge-only colours) with
+    :func:`judge_records` (``extra_colours``: with the judge-only colours;
+    ``extra_shapes``: that share of the images showing an extra shape) with
     ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
     validation accuracies (seen + held-out-val) is measured; the best checkpoint is saved
@@ -210,6 +241,7 @@ def train_describe_judge(
             frames=frames,
             negative_weights=negative_weights,
             direction_share=direction_share,
+            extra_shapes=extra_shapes,
         )
         loss = sft_step(policy, opt, batch, params)
         schedule.step()

@@ -254,6 +254,61 @@ def test_shape_first_rephrases_the_answers_and_nothing_else(tmp_path):
         d.describe_records(2, seed=0, shape_first=-0.1)
 
 
+def test_extra_shapes_reach_train_and_sft_images_only(tmp_path):
+    import json
+
+    from mmyatt.datasets.factored_shapes import EXTRA_SHAPES
+
+    plain = d.describe_records(40, seed=5)
+    same = d.describe_records(40, seed=5, extra_shapes=0.0)
+    assert [(r["shape"], r["answer"]) for r in same] == [(r["shape"], r["answer"]) for r in plain]
+    many = d.describe_records(400, seed=5, extra_shapes=0.5)
+    extra = [r for r in many if r["shape"] in EXTRA_SHAPES]
+    images = [r for r in many if r["task"] == "describe_image"]
+    assert 0.4 < len(extra) / len(images) < 0.6 and all(
+        r["task"] == "describe_image" for r in extra
+    )
+    assert {r["shape"] for r in extra} == set(EXTRA_SHAPES)
+    assert all(dc.description_check(r["answer"], r) == 1.0 for r in extra)  # named right
+    p = d.write_describe_task(tmp_path, n_train=80, n_eval=6, extra_shapes=0.5)
+    rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
+    for split in ("train", "sft"):
+        assert any(r["shape"] in EXTRA_SHAPES for r in rows[split])
+    default = d.write_describe_task(tmp_path / "plain", n_train=80, n_eval=6)
+    for split in ("test", "val"):  # the eval splits keep the task's shapes, unchanged
+        assert p[split].read_text() == default[split].read_text()
+    with pytest.raises(ValueError, match="extra_shapes"):
+        d.describe_records(2, seed=0, extra_shapes=1.5)
+
+
+def test_judge_records_with_extra_shapes_name_them_as_wrong_shapes_too():
+    from mmyatt.datasets.factored_shapes import EXTRA_SHAPES
+
+    recs = d.judge_records(400, seed=6, extra_shapes=0.3)
+    wrong_shape = [r for r in recs if r["negative_type"] == "shape"]
+    named = [set(r["output"].split()) & set(EXTRA_SHAPES) for r in wrong_shape]
+    on_task_shapes = [n for n, r in zip(named, wrong_shape) if r["shape"] in d.SHAPES]
+    assert any(on_task_shapes)  # "a blue star" for a blue square: No
+    for r in recs:  # labelled by construction: the check agrees with every verdict
+        assert (dc.description_check(r["output"], r) == 1.0) == (r["verdict"] == "Yes") or (
+            r["negative_type"] not in (None, "colour", "shape", "direction")
+        )
+        assert not d._names_heldout(r["output"], r)
+
+
+def test_check_counts_an_extra_shape_named_for_a_task_shape_as_false():
+    rec = {"colour": "blue", "shape": "square", "direction": None}
+    assert dc.check_details("a blue star", rec) == {
+        "correct": 1,
+        "attributes": 2,
+        "false": 1,
+        "score": 0.0,
+    }
+    star = {"colour": "red", "shape": "star", "direction": None}
+    assert dc.description_check("the red star", star) == 1.0
+    assert dc.shape_right("a red circle", star) == 0.0
+
+
 def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     from mmyatt.builders import synthetic_task
     from mmyatt.config import load_config
@@ -268,7 +323,7 @@ def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     )
     with pytest.raises(
         ValueError,
-        match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first'\]",
+        match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first', 'extra_shapes'\]",
     ):
         synthetic_task("synthetic:describe", tmp_path, cfg)
     cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])
