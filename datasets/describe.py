@@ -86,20 +86,9 @@ SCORE_ANSWERS = {"Yes": "Score: 9", "No": "Score: 2"}
 # a drill for the judge: which way a clip's object moves, asked outright (a yes/no
 # question about a whole description carries little signal about motion)
 DIRECTION_QUESTION = "Which way does the object move? Answer left, right, up or down."
-JUDGE_NEGATIVES = (
-    "colour",
-    "shape",
-    "direction",
-    "added",
-    "missing",
-    "repeat",
-    "stutter",
-    "two",
-    "garble",
-    "split",
-    "conflict",
-    "fragment",
-    "junk",
+JUDGE_NEGATIVES = tuple(  # every kind of wrong description :func:`_negative` draws
+    "colour shape direction added missing repeat stutter two garble split conflict "
+    "fragment junk shape_first".split()
 )
 # How often each kind of wrong description is drawn: mostly the ones only the picture
 # can refute (a wrong colour, shape or direction); the text-only ones (an attribute
@@ -129,6 +118,10 @@ CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
 # "No", whatever form the policy's next drift takes ("a red circle momomomo left", "a
 # green square yellow yellow greenesn down").
 JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
+# And ``shape_first``: a wrong shape in the shape-first phrasing ("a circle that is red" of
+# a red square), which the judges above paid 0.41-0.48 on trained pairs against 0.01-0.08
+# in the other phrasings, and which a policy rewarded by them drifted into.
+SHAPE_FIRST_WEIGHTS = {**JUNK_WEIGHTS, "shape_first": 0.25}
 # The second validation fold's held-out combinations (``write_describe_task(val_fold=2)``):
 # each validation colour's other trained shape, and clips of them.
 VAL_FOLD2_PAIRS: tuple[tuple[str, str], ...] = (
@@ -399,8 +392,8 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> 
     palette = list(COLOURS) if c in COLOURS else list(EXTRA_COLOURS)
     if kind == "colour":
         return describe(_other(palette, c, rng), s, d, rng)
-    if kind == "shape":
-        return describe(c, _other(list(shapes), s, rng), d, rng)
+    if kind in ("shape", "shape_first"):
+        return describe(c, _other(list(shapes), s, rng), d, rng, kind == "shape_first")
     if kind == "direction":
         return describe(c, s, _other(list(DIRECTIONS), d, rng), rng)
     if kind == "added":  # a false attribute on top of a correct description

@@ -296,6 +296,19 @@ def test_judge_records_with_extra_shapes_name_them_as_wrong_shapes_too():
         assert not d._names_heldout(r["output"], r)
 
 
+def test_shape_first_negatives_name_a_wrong_shape_first():
+    rng = np.random.default_rng(0)
+    rec = {"colour": "red", "shape": "circle", "direction": None}
+    for _ in range(20):
+        text = d._negative("shape_first", rec, rng)
+        words = text.split()
+        assert words[0] == "a" and words[2:] == ["that", "is", "red"] and words[1] != "circle"
+        assert dc.check_details(text, rec)["false"] == 1
+    recs = d.judge_records(200, seed=7, negative_weights=d.SHAPE_FIRST_WEIGHTS)
+    assert any(r["negative_type"] == "shape_first" for r in recs)
+    assert "shape_first" in d.JUDGE_NEGATIVES
+
+
 def test_check_counts_an_extra_shape_named_for_a_task_shape_as_false():
     rec = {"colour": "blue", "shape": "square", "direction": None}
     assert dc.check_details("a blue star", rec) == {
