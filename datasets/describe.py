@@ -120,8 +120,9 @@ CONFLICT_WEIGHTS = {**SPLIT_WEIGHTS, "conflict": 0.14, "fragment": 0.06}
 JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
 # And ``shape_first``: a wrong shape in the shape-first phrasing ("a circle that is red" of
 # a red square), which the judges above paid 0.41-0.48 on trained pairs against 0.01-0.08
-# in the other phrasings, and which a policy rewarded by them drifted into.
-SHAPE_FIRST_WEIGHTS = {**JUNK_WEIGHTS, "shape_first": 0.25}
+# in the other phrasings, and which a policy rewarded by them drifted into (at 0.8, about a
+# third of the negatives, 1000 steps brought it to 0.17; at 0.25, 400 steps, to 0.41).
+SHAPE_FIRST_WEIGHTS = {**JUNK_WEIGHTS, "shape_first": 0.8}
 # The second validation fold's held-out combinations (``write_describe_task(val_fold=2)``):
 # each validation colour's other trained shape, and clips of them.
 VAL_FOLD2_PAIRS: tuple[tuple[str, str], ...] = (
