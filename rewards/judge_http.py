@@ -238,21 +238,24 @@ class HostPool:
             self.idle.pop().close()
 
 
+def _head(method: bytes, raw_path: bytes, headers) -> bytes:
+    """A request line and ``(name, value)`` header lines, each ended by CRLF (the blank
+    line that ends the head is not included)."""
+    lines = [b"%s %s HTTP/1.1" % (method, raw_path), *(b"%s: %s" % h for h in headers)]
+    return b"".join(line + b"\r\n" for line in lines)
+
+
 def _wire(request: httpx.Request, body: bytes) -> bytes:
     """The whole HTTP/1.1 request: request line, the request's headers, body."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-    lines += [b"%s: %s\r\n" % pair for pair in request.headers.raw]
-    lines += [b"\r\n", body]
-    return b"".join(lines)
+    head = _head(request.method.encode("ascii"), request.url.raw_path, request.headers.raw)
+    return b"%s\r\n%s" % (head, body)
 
 
 def post_head(url: httpx.URL, headers: httpx.Headers) -> bytes:
     """A POST's request line and headers as an ``httpx.Request`` sends them (``Host``,
     then ``headers``), without ``Content-Length`` and the blank line: for
     :meth:`BlockingTransport.post`."""
-    lines = [b"POST %s HTTP/1.1" % url.raw_path, b"Host: %s" % url.netloc]
-    lines += [b"%s: %s" % pair for pair in headers.raw]
-    return b"".join(line + b"\r\n" for line in lines)
+    return _head(b"POST", url.raw_path, [(b"Host", url.netloc), *headers.raw])
 
 
 @contextmanager
