@@ -200,11 +200,13 @@ def train_describe_judge(
     negative_weights: dict[str, float] | None = None,
     direction_share: float = 0.0,
     extra_shapes: float = 0.0,
+    freeze: tuple[str, ...] = (),
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
     :func:`judge_records` (``extra_colours``: with the judge-only colours;
-    ``extra_shapes``: that share of the images showing an extra shape) with
+    ``extra_shapes``: that share of the images showing an extra shape; ``freeze``: the
+    parameter-name prefixes kept as ``start`` has them, as ``model.freeze``) with
     ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
     validation accuracies (seen + held-out-val) is measured; the best checkpoint is saved
@@ -212,6 +214,7 @@ def train_describe_judge(
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
 
+    from mmyatt.builders import freeze_parameters
     from mmyatt.lr_schedule import cosine_schedule
     from mmyatt.models.judge_training import sft_step
     from mmyatt.models.vlm import VLMPolicy
@@ -222,6 +225,7 @@ def train_describe_judge(
         start = str(Path(__file__).resolve().parent / "builtin" / start.split(":", 1)[1])
     policy = VLMPolicy.load(start, max_prompt_tokens=max_prompt_tokens)
     model = policy.module()
+    freeze_parameters(model, freeze)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     val = eval_sets(n_eval, split="val", seed=seed, frames=frames)

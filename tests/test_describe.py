@@ -406,3 +406,30 @@ def test_junk_negatives_insert_text_into_a_correct_description():
     clean = [len(r["output"]) for r in recs if r["verdict"] == "Yes"]
     assert sum(lengths) / len(lengths) > sum(clean) / len(clean)  # text was added
     assert "junk" in d.JUDGE_NEGATIVES
+
+
+def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
+    """``freeze`` keeps the named parameters as the start has them and trains the rest."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from mmyatt.models.describe_judge import train_describe_judge
+
+    start = Path(__file__).resolve().parents[1] / "models" / "builtin" / "describe_judge_shapes"
+    out = train_describe_judge(
+        tmp_path / "j", start=str(start), steps=2, eval_every=2, n_eval=4, batch_size=4,
+        lr=1e-2, freeze=("model.visual",), log=None,
+    )
+    assert out["best_step"] == 2
+    before = load_file(str(start / "model.safetensors"))
+    after = load_file(str(tmp_path / "j" / "model.safetensors"))
+    # saved in the checkpoint layout transformers writes: "visual.*" beside "model.*"
+    visual = [k for k in before if k.split(".")[0] == "visual"]
+    other = [k for k in before if k.split(".")[0] != "visual"]
+    assert visual and other
+    assert all(torch.equal(before[k], after[k]) for k in visual)
+    assert sum(not torch.equal(before[k], after[k]) for k in other) > len(other) // 2
+    with pytest.raises(ValueError, match="matches no parameter"):
+        train_describe_judge(tmp_path / "k", start=str(start), steps=1, n_eval=4, freeze=("visual_tower",), log=None)
