@@ -273,3 +273,75 @@ def train_describe_judge(
         "test": test,
         "seconds": time.perf_counter() - t0,
     }
+
+
+PHRASINGS = ("a {c} {s}", "a {s} that is {c}", "one {c} {s}", "a single {c} {s}", "the {c} {s}")
+
+
+def pair_table(
+    policy, pairs, *, n: int = 8, seed: int = 777, phrasings=PHRASINGS
+) -> dict[str, dict[str, dict[str, float]]]:
+    """What the judge pays for each task shape named on fresh images of each pair:
+    {"colour shape": {named shape: {phrasing: mean P(Yes)}}}. Read on held-out pairs it
+    shows whether the judge tells their shapes apart (a judge that pays "a red circle"
+    for a red square lets a policy name the shape from the colour)."""
+    from mmyatt.datasets.describe import JUDGE_TEMPLATE
+    from mmyatt.datasets.shapes import SHAPES
+
+    recs = describe_records(
+        4 * n * len(pairs), seed=seed, only_pairs=list(pairs), video_fraction=0.0
+    )
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for c, s in pairs:
+        images = [r["image"] for r in recs if (r["colour"], r["shape"]) == (c, s)][:n]
+        if len(images) < n:
+            raise ValueError(f"pair_table: drew {len(images)} images of {c} {s}, wanted {n}")
+        out[f"{c} {s}"] = {
+            named: {
+                ph: float(
+                    np.mean(
+                        judge_scores(
+                            policy,
+                            [
+                                {
+                                    "image": im,
+                                    "prompt": JUDGE_TEMPLATE.format(output=ph.format(c=c, s=named)),
+                                }
+                                for im in images
+                            ],
+                        )
+                    )
+                )
+                for ph in phrasings
+            }
+            for named in SHAPES
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m mmyatt.models.describe_judge pairs JUDGE --split val|fold2|test``: the
+    judge's :func:`pair_table` on the split's held-out pairs, as JSON."""
+    import argparse
+    import json
+
+    from mmyatt.datasets.describe import VAL_FOLD2_PAIRS
+    from mmyatt.models.vlm import VLMPolicy
+
+    p = argparse.ArgumentParser(prog="python -m mmyatt.models.describe_judge")
+    p.add_argument("command", choices=["pairs"])
+    p.add_argument("judge", help="a judge directory or builtin:<name>")
+    p.add_argument("--split", choices=["val", "fold2", "test"], default="val")
+    p.add_argument("--n", type=int, default=8, help="images per pair")
+    a = p.parse_args(argv)
+    path = a.judge
+    if path.startswith("builtin:"):
+        path = str(Path(__file__).resolve().parent / "builtin" / path.split(":", 1)[1])
+    policy = VLMPolicy.load(path, max_prompt_tokens=160)
+    policy.module().eval()
+    pairs = {"val": HELDOUT_VAL, "fold2": VAL_FOLD2_PAIRS, "test": HELDOUT_TEST}[a.split]
+    print(json.dumps(pair_table(policy, pairs, n=a.n), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -419,8 +419,15 @@ def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
 
     start = Path(__file__).resolve().parents[1] / "models" / "builtin" / "describe_judge_shapes"
     out = train_describe_judge(
-        tmp_path / "j", start=str(start), steps=2, eval_every=2, n_eval=4, batch_size=4,
-        lr=1e-2, freeze=("model.visual",), log=None,
+        tmp_path / "j",
+        start=str(start),
+        steps=2,
+        eval_every=2,
+        n_eval=4,
+        batch_size=4,
+        lr=1e-2,
+        freeze=("model.visual",),
+        log=None,
     )
     assert out["best_step"] == 2
     before = load_file(str(start / "model.safetensors"))
@@ -432,4 +439,26 @@ def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
     assert all(torch.equal(before[k], after[k]) for k in visual)
     assert sum(not torch.equal(before[k], after[k]) for k in other) > len(other) // 2
     with pytest.raises(ValueError, match="matches no parameter"):
-        train_describe_judge(tmp_path / "k", start=str(start), steps=1, n_eval=4, freeze=("visual_tower",), log=None)
+        train_describe_judge(
+            tmp_path / "k", start=str(start), steps=1, n_eval=4, freeze=("visual_tower",), log=None
+        )
+
+
+def test_judge_pair_table_names_every_shape_in_every_phrasing():
+    from pathlib import Path
+
+    from mmyatt.models.describe_judge import PHRASINGS, pair_table
+    from mmyatt.models.vlm import VLMPolicy
+
+    judge = VLMPolicy.load(
+        str(Path(__file__).resolve().parents[1] / "models" / "builtin" / "describe_judge_shapes"),
+        max_prompt_tokens=160,
+    )
+    table = pair_table(judge, [("red", "square")], n=2)
+    assert set(table) == {"red square"}
+    assert set(table["red square"]) == {"circle", "square", "triangle"}
+    for by_phrasing in table["red square"].values():
+        assert set(by_phrasing) == set(PHRASINGS)
+        assert all(0.0 <= v <= 1.0 for v in by_phrasing.values())
+    # the right shape in the plainest phrasing is paid more than a wrong one it rejects
+    assert table["red square"]["square"]["a {c} {s}"] > table["red square"]["triangle"]["a {c} {s}"]
