@@ -214,7 +214,7 @@ def train_describe_judge(
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
 
-    from mmyatt.builders import freeze_parameters
+    from mmyatt.freeze import freeze_parameters
     from mmyatt.lr_schedule import cosine_schedule
     from mmyatt.models.judge_training import sft_step
     from mmyatt.models.vlm import VLMPolicy

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmyatt.builders import freeze_parameters
 from mmyatt.datasets import vision_tasks as vt
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, draw_shape, is_heldout
+from mmyatt.freeze import freeze_parameters
 from mmyatt.models.flow_sde import kl_closed_form, within_blocks
 from mmyatt.models.judge_training import rule_judge_records
 from mmyatt.rewards.quality import texture, texture_metrics
