@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from mmyatt.config import ModelConfig, RewardConfig, RunConfig
-from mmyatt.freeze import freeze_parameters  # noqa: F401  (re-exported: model.freeze)
+from mmyatt.freeze import freeze_parameters
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

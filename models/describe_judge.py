@@ -48,6 +48,13 @@ def _messages(record: dict) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": record["prompt"]}]}]
 
 
+def _checkpoint_dir(path: str) -> str:
+    """A VLM directory, or ``builtin:<name>`` for one shipped in models/builtin/."""
+    if path.startswith("builtin:"):
+        return str(Path(__file__).resolve().parent / "builtin" / path.split(":", 1)[1])
+    return path
+
+
 def judge_scores(policy, records: list[dict], *, batch_size: int = 64) -> list[float]:
     """P(Yes) / (P(Yes) + P(No)) of the first answer token for each record (0.5 when
     neither is in the top 20)."""
@@ -221,9 +228,7 @@ def train_describe_judge(
 
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
-    if start.startswith("builtin:"):
-        start = str(Path(__file__).resolve().parent / "builtin" / start.split(":", 1)[1])
-    policy = VLMPolicy.load(start, max_prompt_tokens=max_prompt_tokens)
+    policy = VLMPolicy.load(_checkpoint_dir(start), max_prompt_tokens=max_prompt_tokens)
     model = policy.module()
     freeze_parameters(model, freeze)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -334,10 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split", choices=["val", "fold2", "test"], default="val")
     p.add_argument("--n", type=int, default=8, help="images per pair")
     a = p.parse_args(argv)
-    path = a.judge
-    if path.startswith("builtin:"):
-        path = str(Path(__file__).resolve().parent / "builtin" / path.split(":", 1)[1])
-    policy = VLMPolicy.load(path, max_prompt_tokens=160)
+    policy = VLMPolicy.load(_checkpoint_dir(a.judge), max_prompt_tokens=160)
     policy.module().eval()
     pairs = {"val": HELDOUT_VAL, "fold2": VAL_FOLD2_PAIRS, "test": HELDOUT_TEST}[a.split]
     print(json.dumps(pair_table(policy, pairs, n=a.n), indent=1))
