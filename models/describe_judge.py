@@ -301,26 +301,17 @@ def pair_table(
         images = [r["image"] for r in recs if (r["colour"], r["shape"]) == (c, s)][:n]
         if len(images) < n:
             raise ValueError(f"pair_table: drew {len(images)} images of {c} {s}, wanted {n}")
-        out[f"{c} {s}"] = {
-            named: {
-                ph: float(
-                    np.mean(
-                        judge_scores(
-                            policy,
-                            [
-                                {
-                                    "image": im,
-                                    "prompt": JUDGE_TEMPLATE.format(output=ph.format(c=c, s=named)),
-                                }
-                                for im in images
-                            ],
-                        )
-                    )
-                )
-                for ph in phrasings
-            }
-            for named in SHAPES
-        }
+        asked = [(named, ph) for named in SHAPES for ph in phrasings]
+        queries = [
+            {"image": im, "prompt": JUDGE_TEMPLATE.format(output=ph.format(c=c, s=named))}
+            for named, ph in asked
+            for im in images
+        ]
+        scores = np.asarray(judge_scores(policy, queries)).reshape(len(asked), n).mean(axis=1)
+        table: dict[str, dict[str, float]] = {}
+        for (named, ph), v in zip(asked, scores, strict=True):
+            table.setdefault(named, {})[ph] = float(v)
+        out[f"{c} {s}"] = table
     return out
 
 
