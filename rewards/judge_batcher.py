@@ -199,6 +199,10 @@ class Batcher:
                 import gc
 
                 gc.collect()
+                # what survives a full collection is long-lived (the server, its imports):
+                # moved out of the collector's sight, so the next sleep scans only what
+                # was made since (the reloaded model): ~0.25 s less per release
+                gc.freeze()
                 from mmyatt.placement.resources import release_free_memory
 
                 release_free_memory()

@@ -233,7 +233,8 @@ class Placement:
         self._acc["reward_s"] += time.perf_counter() - t0
         self._phase_end("judge")
         if self.judges is not None and self.cfg.placement.release_judge:
-            self.judges.sleep()
+            with timer("judge_release"):
+                self.judges.sleep()
         self._phase_start()
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
