@@ -80,38 +80,41 @@ def test_cost_model_scales_an_unmeasured_core_count_by_cores():
     assert m.predict(make_plan("partial", (0, 1, 2, 3), 3, 1)) is not None
 
 
-def _tied(shared_gen: float, shared_judge: float) -> tuple[AutoPlacer, list]:
-    """Partial measured with the judge as costly as generation on 2 chunks: the model
-    predicts shared exactly equal to it (10 s), the tie the optimistic bound breaks."""
-    part = _measure("partial", 1, 1, gen=6.0, judge=6.0)  # max(6 + 3, 6 + 3) + 1 = 10
-    shared = _measure("shared", 2, 2, gen=shared_gen, judge=shared_judge, threads=1)
-    a = AutoPlacer(PLANS, has_judge=True, start_partial=PARTIAL, profile=2, judge_threads=threads())
-    seen = _run(a, [part, part, part])  # warm-up, 2 profiled
-    assert [k for k, _ in seen] == ["partial 1:1"] * 3
+def _explored(colocate_judge: float) -> tuple[AutoPlacer, list]:
+    """Shared measured first (warm-up, 2 steps): generation 2 s, the judge 4 s on its
+    thread, training 1 s. Colocate's judge gets 2 threads: never assumed faster (point:
+    7 s, a tie with shared) but ideally twice as fast (optimistic 2 + 2 + 1 = 5 s), so it
+    is measured. Partial (2 chunks) is predicted max(4 + 2, 4 + 2) + 1 = 7 s at best:
+    not measured."""
+    shared = _measure("shared", 2, 2, gen=2.0, judge=4.0, threads=1)  # 7
+    colo = _measure("colocate", 2, 2, gen=2.0, judge=colocate_judge, reload=0.3, threads=2)
+    a = AutoPlacer(
+        PLANS, has_judge=True, start_partial=PARTIAL, profile=2,
+        judge_threads=threads(colocate=2), chunks=2,
+    )  # fmt: skip
+    seen = _run(a, [shared] * 3)
+    assert [k for k, _ in seen] == ["shared"] * 3  # the unpinned baseline first
     plan, line = a.next_plan()
-    # point: shared 6 / 2 + 6 + 1 = 10 = partial; optimistic 0.85 * (3 + 6) + 1 = 8.65 < 0.97 * 10
-    assert a.predictions["shared"] == pytest.approx(10.0)
-    assert a.estimates["partial 1:1"] == pytest.approx(10.0)
-    assert plan == SHARED and line.startswith("profiled: auto measures shared (at best 8.65s")
-    return a, _run(a, [shared, shared])[1:]
+    assert a.predictions == pytest.approx({"shared": 7.0, "colocate": 7.0, "partial 1:1": 7.0})
+    assert plan == COLOCATE and line.startswith("profiled: auto measures colocate (at best 5.00s")
+    return a, _run(a, [colo, colo])[1:]
 
 
 def test_auto_breaks_a_tie_by_measuring_and_keeps_the_faster_measured():
-    a, _ = _tied(shared_gen=2.5, shared_judge=5.0)  # shared measured 2.5 + 5 + 1 = 8.5
+    a, _ = _explored(colocate_judge=2.5)  # colocate measured 2 + 0.3 + 2.5 + 1 = 5.8
     plan, line = a.next_plan()
-    assert plan == SHARED and line.startswith("measured shared: auto keeps shared")
-    assert a.estimates["shared"] == pytest.approx(8.5)
-    # colocate: shared's roles (measured alone, same judge threads), no reload measured:
-    # 8.5 at best too, not below 0.97 * 8.5, so not measured
-    assert a.estimates["colocate"] == pytest.approx(8.5)
-    assert a.next_plan() == (SHARED, None)
+    assert plan == COLOCATE and line.startswith("measured colocate: auto keeps colocate")
+    # partial: generation 2 s on 2 cores -> 4 on 1, the judge on 1 thread from shared's
+    # (the same thread count): max(4 + 2, 4 + 2) + 1 = 7; not below 0.97 x 5.8
+    assert a.estimates == pytest.approx({"shared": 7.0, "colocate": 5.8, "partial 1:1": 7.0})
+    assert a.next_plan() == (COLOCATE, None)
 
 
 def test_auto_breaks_a_tie_by_measuring_and_goes_back_when_slower():
-    a, _ = _tied(shared_gen=3.5, shared_judge=6.5)  # shared measured 11 > partial's 10
+    a, _ = _explored(colocate_judge=4.5)  # 2 threads slower than 1: 7.8 s
     plan, line = a.next_plan()
-    assert plan == PARTIAL and line.startswith("measured shared: auto picks partial 1:1")
-    assert a.estimates == pytest.approx({"shared": 11.0, "partial 1:1": 10.0, "colocate": 11.0})
+    assert plan == SHARED and line.startswith("measured colocate: auto picks shared")
+    assert a.estimates == pytest.approx({"shared": 7.0, "colocate": 7.8, "partial 1:1": 7.0})
 
 
 def test_auto_without_a_judge_keeps_shared_and_never_runs_colocate():
@@ -139,23 +142,22 @@ def test_auto_follows_a_judge_that_grows_to_the_plan_that_gives_it_more_threads(
     """A cheap judge: auto explores colocate (its judge on 2 threads), settles on shared;
     the judge grows x5 (confirmed over 2 steps): colocate, as its scaled measurements
     predict, without measuring anything again first."""
-    part = _measure("partial", 1, 1, gen=4.0, judge=1.0)  # max(4 + 0.5, 1 + 2) + 1 = 5.5
     colo = _measure("colocate", 2, 2, gen=2.0, judge=0.6, reload=0.3, rest=0.5, threads=2)  # 4.4
     shared = _measure("shared", 2, 2, gen=2.0, judge=1.0, threads=1)  # 4.0
     a = AutoPlacer(
         PLANS, has_judge=True, start_partial=PARTIAL, profile=1, every=100,
-        judge_threads=threads(colocate=2),
+        judge_threads=threads(colocate=2), chunks=2,
     )  # fmt: skip
-    seen = _run(a, [part, part, colo, shared, shared])
-    assert [k for k, _ in seen] == ["partial 1:1", "partial 1:1", "colocate", "shared", "shared"]
-    # profiled: point shared 2 + 1 + 1 = 4 (best); optimistic colocate 1.7 + 0.425 + 1
-    # = 3.125 < 0.97 * 4: measured first
-    assert seen[2][1].startswith("profiled: auto measures colocate (at best 3.12s")
-    # measured colocate 4.4; shared: generation from colocate (2 cores) 2, the judge from
-    # partial (1 thread, as shared's) 1: 2 + 1 + 1 = 4 (best); optimistic, the judge
-    # measured beside generation: 2 + 0.85 + 1 = 3.85 < 0.97 * 4: measured
-    assert seen[3][1].startswith("measured colocate: auto measures shared (at best 3.85s")
-    assert seen[4][1].startswith("measured shared: auto keeps shared")
+    seen = _run(a, [shared, shared, colo])
+    assert [k for k, _ in seen] == ["shared", "shared", "colocate"]
+    # profiled: shared 2 + 1 + 1 = 4; optimistic colocate, its judge ideally twice as fast
+    # on 2 threads: 2 + 0.5 + 1 = 3.5 < 0.97 * 4: measured
+    assert seen[2][1].startswith("profiled: auto measures colocate (at best 3.50s")
+    plan, line = a.next_plan()
+    # measured colocate 4.4; partial: generation 4 on 1 core, the judge 1 (shared's
+    # thread count): max(4 + 0.5, 1 + 2) + 1 = 5.5
+    assert plan == SHARED and line.startswith("measured colocate: auto picks shared")
+    assert a.estimates == pytest.approx({"colocate": 4.4, "partial 1:1": 5.5, "shared": 4.0})
     grown = _measure("shared", 2, 2, gen=2.0, judge=5.0, threads=1)  # 8.0
     seen = _run(a, [grown, grown])
     assert seen == [("shared", None), ("shared", None)]  # the first move waits for a second
@@ -184,28 +186,27 @@ def test_auto_profile_all_runs_colocate_then_partial():
     assert a.predictions == pytest.approx({"colocate": 9.5, "partial 1:1": 8.5})
 
 
-def test_auto_measures_shared_before_settling_when_partial_chunks_hide_its_cost():
-    """Partial streams 8 small chunks per controller: its measured pipeline (generation 4
-    s on 1 core, judging 4 s) hides almost all generation, and shared's bound from it
-    (generation 0.85 x 2, the judge 0.85 x 4, training 1: 6.1 s) is not below 0.97 x
-    partial's 5.5 s (colocate's, its judge on 1 thread, is the same). Shared is still
-    measured once before auto settles; its whole batches are judged twice as fast (2 s)
-    as the chunks were, and auto keeps shared."""
-    part = _measure("partial", 1, 1, gen=4.0, judge=4.0, chunks=8)  # max(4.5, 4.5) + 1
-    shared = _measure("shared", 2, 2, gen=1.5, judge=2.0, threads=1)  # 4.5
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_auto_measures_partial_when_its_configured_chunks_could_overlap(chunks):
+    """Shared measured: generation 2 s, the judge 4 s, training 1 s (7 s). Partial on
+    1 + 1 cores streams ``chunks`` chunks: generation 4 s on its core, the judge 4 s on its
+    own. One chunk overlaps nothing: 4 + 4 + 1 = 9 s, not measured. Four: max(4 + 1,
+    4 + 1) + 1 = 6 s < 0.97 x 7: picked on the prediction and measured; its chunks are judged slower than whole batches
+    (6 s: max(4 + 1.5, 6 + 1) + 1 = 8 s), and auto goes back to shared."""
+    shared = _measure("shared", 2, 2, gen=2.0, judge=4.0, threads=1)
+    part = _measure("partial", 1, 1, gen=4.0, judge=6.0, chunks=4)
     a = AutoPlacer(
         PLANS, has_judge=True, start_partial=PARTIAL, profile=2, every=100,
-        judge_threads=threads(),
+        judge_threads=threads(), chunks=chunks,
     )  # fmt: skip
-    seen = _run(a, [part, part, part])
-    assert a.model.predict(PARTIAL) == pytest.approx(5.5)
-    assert a.model.predict(SHARED, optimistic=True) == pytest.approx(6.1)
-    assert a.model.predict(COLOCATE, optimistic=True) == pytest.approx(6.1)
-    seen += _run(a, [shared, shared])
-    assert [k for k, _ in seen] == ["partial 1:1"] * 3 + ["shared"] * 2
-    assert seen[3][1] == "profiled: auto measures shared (the unpinned baseline)"
+    seen = _run(a, [shared] * 3)
     plan, line = a.next_plan()
-    assert plan == SHARED and line.startswith("measured shared: auto keeps shared")
-    assert a.estimates["shared"] == pytest.approx(4.5)
-    assert a.estimates["partial 1:1"] == pytest.approx(5.5)
-    assert a.baseline_due is False  # once: later choices follow measurements and bounds
+    assert a.predictions["partial 1:1"] == pytest.approx(9.0 if chunks == 1 else 6.0)
+    if chunks == 1:
+        assert plan == SHARED and line.startswith("profiled: auto picks shared")
+        return
+    assert plan == PARTIAL and line.startswith("profiled: auto picks partial 1:1")
+    seen = _run(a, [part, part])
+    plan, line = a.next_plan()
+    assert plan == SHARED and line.startswith("measured partial 1:1: auto picks shared")
+    assert a.estimates["partial 1:1"] == pytest.approx(8.0)

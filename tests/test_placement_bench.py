@@ -8,31 +8,31 @@ import pytest
 from mmyatt.placement.bench import MODES, _combine, _derive
 
 
-def _arm(rule: float, judge: float, modes=("x",)) -> dict:
+def _arm(short: float, long: float, modes=("x",)) -> dict:
     seg = lambda s: {"step_s": s, "total_s": 5 * s, "modes_run": list(modes)}  # noqa: E731
     return {
-        "segment_rule": seg(rule),
-        "segment_judge": seg(judge),
-        "total_s": 5 * (rule + judge),
+        "segment_short": seg(short),
+        "segment_long": seg(long),
+        "total_s": 5 * (short + long),
         "steps_measured": 10,
     }
 
 
 def test_drifting_segments_are_averaged_over_rounds_and_the_best_change_is_found():
     per_round = {
-        "shared": [_arm(0.5, 2.0), _arm(0.7, 2.2)],  # rule 0.6, judge 2.1
+        "shared": [_arm(0.5, 2.0), _arm(0.7, 2.2)],  # short 0.6, long 2.1
         "colocate": [_arm(0.65, 2.3), _arm(0.65, 2.3)],
-        "partial": [_arm(1.0, 1.7), _arm(1.2, 1.9)],  # rule 1.1, judge 1.8
+        "partial": [_arm(1.0, 1.7), _arm(1.2, 1.9)],  # short 1.1, long 1.8
         "auto": [_arm(0.6, 1.8), _arm(0.6, 1.8)],
     }
     out = {"drifting": _combine(per_round, "drifting")}
-    assert out["drifting"]["shared"]["segment_rule"]["step_s"] == pytest.approx(0.6)
-    assert out["drifting"]["partial"]["segment_judge"]["step_s_per_round"] == [1.7, 1.9]
+    assert out["drifting"]["shared"]["segment_short"]["step_s"] == pytest.approx(0.6)
+    assert out["drifting"]["partial"]["segment_long"]["step_s_per_round"] == [1.7, 1.9]
     assert out["drifting"]["shared"]["total_s"] == pytest.approx(13.5)  # 5 x (0.6 + 2.1)
     _derive(out)
     assert out["best_fixed_drifting"] == "shared"  # 13.5 against 14.5 (partial), 14.75
     assert out["auto_over_best_fixed_drifting"] == pytest.approx(12.0 / 13.5)
-    assert out["drifting_best_fixed_per_segment"] == {"rule": "shared", "judge": "partial"}
+    assert out["drifting_best_fixed_per_segment"] == {"short": "shared", "long": "partial"}
     assert out["drifting_best_fixed_changes"] is True
 
 
@@ -41,5 +41,5 @@ def test_a_drift_whose_best_fixed_mode_stays_is_reported_as_such():
     per_round["partial"] = [_arm(1.0, 1.1)]
     out = {"drifting": _combine(per_round, "drifting")}
     _derive(out)
-    assert out["drifting_best_fixed_per_segment"] == {"rule": "shared", "judge": "shared"}
+    assert out["drifting_best_fixed_per_segment"] == {"short": "shared", "long": "shared"}
     assert out["drifting_best_fixed_changes"] is False

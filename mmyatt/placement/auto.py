@@ -202,20 +202,18 @@ class CostModel:
 class AutoPlacer:
     """Profiles, predicts, explores, picks; re-evaluates every ``every`` steps or on drift.
 
-    Schedule (``profile_all=False``, the default): step 1 runs the starting plan and is
-    not measured (warm-up): partial at ``start_partial``'s split when a judge serves the
-    reward (judging can overlap generation), else shared; then ``profile`` measured
-    steps of it. At each decision, a plan not yet measured whose optimistic prediction
-    beats the best estimate by ``min_gain`` is measured for ``profile`` steps (the most
-    promising first, one at a time); otherwise the plan with the lowest estimate is
-    taken: the median of its recent measured steps, or the point prediction where it
-    has none (and then it is measured for ``profile`` steps before the choice is made
-    again). Before auto first settles on a plan other than shared, shared (the unpinned
-    baseline) is measured once: partial's streamed chunks are generated and judged in
-    small batches, so its measurements can hide what whole batches cost, and the bound
-    derived from them can miss shared. Without a judge colocate is not a candidate: its phases are shared's, with
-    nothing to release. ``profile_all=True``: warm-up and ``profile`` steps of colocate,
-    then ``profile`` steps of partial (with a judge), then the choice."""
+    Schedule (``profile_all=False``, the default): step 1 runs shared, the unpinned
+    baseline (the run as it would be without placement), and is not measured (warm-up);
+    then ``profile`` measured steps of it. At each decision, a plan not yet measured
+    whose optimistic prediction beats the best estimate by ``min_gain`` is measured for
+    ``profile`` steps (the most promising first, one at a time); otherwise the plan with
+    the lowest estimate is taken: the median of its recent measured steps, or the point
+    prediction where it has none (and then it is measured for ``profile`` steps before
+    the choice is made again). Partial's bound before it ran uses ``chunks``, the chunks
+    per step its configuration streams. Without a judge colocate is not a candidate: its
+    phases are shared's, with nothing to release. ``profile_all=True``: warm-up and
+    ``profile`` steps of colocate, then ``profile`` steps of partial at
+    ``start_partial``'s split (with a judge), then the choice."""
 
     window = 5  # recent steps per plan whose median is its measured estimate
 
@@ -232,6 +230,7 @@ class AutoPlacer:
         profile_all: bool = False,
         explore_margin: float = 0.15,
         judge_threads: Callable[[CorePlan], int] | None = None,
+        chunks: int = 1,
     ):
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
@@ -244,6 +243,7 @@ class AutoPlacer:
             drift_threshold=drift_threshold,
             explore_margin=explore_margin,
             threads_of=judge_threads,
+            chunks=max(1, chunks),
         )
         shared = [p for p in candidates if p.mode == "shared"]
         if profile_all:
@@ -251,9 +251,7 @@ class AutoPlacer:
             if has_judge and start_partial is not None:
                 self.queue += [start_partial] * profile
         else:
-            start = start_partial if has_judge and start_partial is not None else None
-            start = start or (shared[0] if shared else self.colocate)
-            self.queue = [start] * (1 + profile)
+            self.queue = [shared[0] if shared else self.colocate] * (1 + profile)
         self.warmup = 1
         self.profile = profile
         self.verify_in = 0  # steps left to measure a plan just switched to
@@ -265,10 +263,6 @@ class AutoPlacer:
         self.estimates: dict[str, float] = {}
         self.reason = "profiling"
         self.pending_reason: str | None = None
-        # shared, the unpinned baseline, is measured once before auto settles on another
-        # plan: partial's streamed chunks are judged and generated in small batches, so
-        # what they cost says little about whole batches (its bound can miss shared)
-        self.baseline_due = not profile_all and any(p.mode == "shared" for p in candidates)
 
     @staticmethod
     def key(plan: CorePlan) -> str:
@@ -326,12 +320,6 @@ class AutoPlacer:
                 f"against {self.key(best)} {self.estimates[self.key(best)]:.2f}s)"
             )
             return self.current, line
-        shared = next((p for p in self.candidates if p.mode == "shared"), None)
-        if self.baseline_due and shared is not None and best.mode != "shared":
-            if self.measured(shared) is None:  # before settling on another plan
-                self.baseline_due = False
-                self.current, self.verify_in = shared, self.profile
-                return shared, f"{due}: auto measures shared (the unpinned baseline)"
         now = self.estimates.get(self.key(self.current))
         if now is None or self.estimates[self.key(best)] < (1 - self.min_gain) * now:
             self.current = best
@@ -362,8 +350,6 @@ class AutoPlacer:
             self.pending_reason = "drift (" + ", ".join(drifts) + ")"
             return drifts
         self.steps.setdefault(k, []).append(m.step_s)
-        if self.current.mode == "shared":
-            self.baseline_due = False
         if self.verify_in and not self.queue:
             self.verify_in -= 1
             if self.verify_in == 0:

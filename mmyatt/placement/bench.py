@@ -9,9 +9,14 @@ one after another, and reads each run's own per-step measurements (metrics.jsonl
   characters, so completion lengths are geometric with a cap (a long tail; the
   measured percentiles are in the JSON);
 - rollout_heavy: the same policy and lengths, a rule reward only (no judge);
-- drifting: the rule-only workload for ``S`` steps, then the run is resumed from its
-  checkpoint with the GenRM term added (a judge that grows expensive mid-run); every
-  arm runs the same two segments, auto re-profiles after the restart.
+- drifting: completion lengths grow mid-run, as with a staged length limit (DeepScaleR
+  trains at 8k, then resumes at 16k and 24k): a judge that reads each completion and
+  writes 2 tokens scores ``S`` steps of short completions (at most 8 tokens, the stop
+  characters on), then the run is resumed from its checkpoint writing 96 tokens (no
+  stop characters) for ``S`` more; the judge's call grows with what it reads. Every
+  arm runs the same two segments; colocate's judge phase takes every core (the
+  default), in the colocate arm and under auto alike; auto re-profiles after the
+  restart.
 
 Figures: mean step seconds over the measured steps (the first step of every run or
 segment is warm-up and left out, in every arm alike), ratios of those, per-role idle
@@ -78,6 +83,27 @@ def _judge(judge: Path) -> list[str]:
 
 
 RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
+
+# drifting: the segments' sampling (the judge reads the completions: its call grows too)
+DRIFT = {
+    "short": ["sampling.max_new_tokens=8"],
+    "long": ["sampling.max_new_tokens=96", "sampling.stop=[]"],
+}
+DRIFT_TEMPLATE = "Q: {prompt}\nA: {output}\nScore:"  # the judge reads mostly the completion
+
+
+def _drift_judge(judge: Path, tmp: Path) -> list[str]:
+    """The drifting workload's reward: the rule and a judge writing 2 tokens after a
+    short template; colocate's judge phase on every core (placement.judge_threads=0)."""
+    template = tmp / "drift_template.txt"
+    template.write_text(DRIFT_TEMPLATE)
+    return [
+        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
+        f"kwargs: {{mode: score, template: {template}, max_tokens: 2}}}}]",
+        f"reward.judge.model={judge}",
+        "reward.judge.max_batch=64",
+        "placement.judge_threads=0",
+    ]
 
 
 def _train(run_dir: Path, overrides: list[str]) -> None:
@@ -146,17 +172,21 @@ def _arm(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
     return out
 
 
+SEGMENTS = tuple(DRIFT)
+
+
 def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int) -> dict:
-    """Segment A (rule only) then segment B (judge added), resumed from A's checkpoint."""
+    """``seg`` steps of short completions, then ``seg`` of long ones, resumed from the
+    first segment's checkpoint (the first step of each is warm-up, left out)."""
     rd = tmp / name
     t0 = time.perf_counter()
     ck = ["checkpoint.save_every=" + str(seg), "checkpoint.async_save=false"]
-    _train(rd, base + RULE + ck + [f"trainer.steps={seg}"])
+    _train(rd, base + judge + DRIFT["short"] + ck + [f"trainer.steps={seg}"])
     a = _rows(rd, first=2)
-    _train(rd, base + judge + ck + [f"trainer.steps={2 * seg}"])
+    _train(rd, base + judge + DRIFT["long"] + ck + [f"trainer.steps={2 * seg}"])
     b = _rows(rd, first=seg + 2)
-    out = {"segment_rule": _summary(a), "segment_judge": _summary(b)}
-    out["total_s"] = out["segment_rule"]["total_s"] + out["segment_judge"]["total_s"]
+    out = {"segment_short": _summary(a), "segment_long": _summary(b)}
+    out["total_s"] = out["segment_short"]["total_s"] + out["segment_long"]["total_s"]
     out["steps_measured"] = len(a) + len(b)
     out["wall_s"] = time.perf_counter() - t0
     return out
@@ -364,7 +394,7 @@ def bench_placement(
                     name = f"{wl}_{mode}_r{k}"
                     arm_base = base + [f"placement.mode={mode}"]
                     if wl == "drifting":
-                        arm = _drift_arm(tmp, name, arm_base, _judge(judge), seg)
+                        arm = _drift_arm(tmp, name, arm_base, _drift_judge(judge, tmp), seg)
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = _judge(judge) if wl == "judge_heavy" else RULE
@@ -399,9 +429,9 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
                     k: _mean([a[group].get(k) for a in arms]) for k in arms[-1][group]
                 }
         out[mode]["modes_run_per_round"] = [
-            a.get("modes_run") or a.get("segment_judge", {}).get("modes_run") for a in arms
+            a.get("modes_run") or a.get("segment_long", {}).get("modes_run") for a in arms
         ]
-        for seg in ("segment_rule", "segment_judge"):  # drifting: per segment, over rounds
+        for seg in (f"segment_{name}" for name in SEGMENTS):  # drifting: per segment
             if seg in arms[-1]:
                 per = [a[seg]["step_s"] for a in arms]
                 out[mode][seg] = {
@@ -445,7 +475,7 @@ def _derive(out: dict) -> None:
         # another on at least one segment (mean s/step of the segment)
         seg = {
             name: {m: out["drifting"][m][f"segment_{name}"]["step_s"] for m in fixed}
-            for name in ("rule", "judge")
+            for name in SEGMENTS
         }
         out["drifting_best_fixed_per_segment"] = {
             name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()

@@ -74,11 +74,11 @@ class Placement:
             cores = run_cores(p)
             start = None
             if len(cores) >= 2:
-                r, j = partial_split(p, len(cores))
+                r, _ = partial_split(p, len(cores))
                 start = next(
                     c for c in candidate_plans(cfg) if c.mode == "partial" and len(c.rollout) == r
                 )
-                del j
+            groups = max(1, cfg.data.prompts_per_step // max(1, dist.world_size))
             self.auto = AutoPlacer(
                 candidate_plans(cfg),
                 has_judge=self.has_judge,
@@ -89,6 +89,7 @@ class Placement:
                 profile_all=p.profile_all_modes,
                 explore_margin=p.explore_margin,
                 judge_threads=self.judge_threads,
+                chunks=-(-groups // p.stream_groups),  # partial's chunks per step
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
