@@ -199,14 +199,14 @@ def test_auto_measures_partial_when_its_configured_chunks_could_overlap(chunks):
         PLANS, has_judge=True, start_partial=PARTIAL, profile=2, every=100,
         judge_threads=threads(), chunks=chunks,
     )  # fmt: skip
-    seen = _run(a, [shared] * 3)
+    assert [k for k, _ in _run(a, [shared] * 3)] == ["shared"] * 3
     plan, line = a.next_plan()
     assert a.predictions["partial 1:1"] == pytest.approx(9.0 if chunks == 1 else 6.0)
     if chunks == 1:
         assert plan == SHARED and line.startswith("profiled: auto picks shared")
         return
     assert plan == PARTIAL and line.startswith("profiled: auto picks partial 1:1")
-    seen = _run(a, [part, part])
+    assert [k for k, _ in _run(a, [part, part])] == ["partial 1:1"] * 2
     plan, line = a.next_plan()
     assert plan == SHARED and line.startswith("measured partial 1:1: auto picks shared")
     assert a.estimates["partial 1:1"] == pytest.approx(8.0)
