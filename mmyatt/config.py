@@ -266,7 +266,10 @@ class PlacementConfig:
     cores: tuple[int, ...] = ()  # CPU core ids the run may use; empty: every allowed core
     rollout_cores: int = 0  # partial: cores rollout holds while it generates (0: half)
     judge_cores: int = 0  # partial: cores the judge holds meanwhile (0: the rest)
-    stream_groups: int = 1  # partial: prompt groups per chunk streamed to the judge
+    # partial: text and VLM policies send each prompt group to the judge as its samples
+    # finish, from one generate call; other policies (flow, vLLM) and over-dispatch generate
+    # chunks of this many groups, one call each, and send each chunk when it is done
+    stream_groups: int = 1
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing

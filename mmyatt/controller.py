@@ -91,7 +91,9 @@ class Controller:
         from mmyatt.placement.runner import Placement
 
         # which cores each phase runs on (placement.*), which records each call generates
-        self.placement = Placement(cfg, dist, shard)
+        self.placement = Placement(
+            cfg, dist, shard, streams_groups=getattr(self.policy, "streams_finished_groups", False)
+        )
         if cfg.model.ema_decay is not None:
             require(policy, EMA, f"model.ema_decay={cfg.model.ema_decay}")
         if cfg.algorithm.kl_coef > 0:

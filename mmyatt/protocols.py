@@ -21,8 +21,9 @@ reaches adapters only through :mod:`mmyatt.builders`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -57,6 +58,13 @@ class Sampling:
     # the other groups come back cut short. 0: decode until every sample has finished.
     complete_groups: int = 0
     must_finish: tuple[int, ...] = ()
+    # text/VLM streaming (placement partial): called during decoding with the indices of
+    # the prompt groups whose every sample has just finished (stop token or stop string)
+    # and their completions (group_size texts per group, in order), while the other
+    # groups go on decoding; groups cut by the budget are not reported
+    on_groups_done: Callable[[list[int], list[str]], None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
 
 @runtime_checkable

@@ -18,6 +18,12 @@ import torch
 from torch import Tensor
 
 
+def prompt_id(record: dict, i: int) -> str:
+    """The ``prompt_ids`` entry of the samples answering ``record``, the i-th prompt of a
+    generate call (text and VLM adapters; placement partial names streamed groups so)."""
+    return str(record.get("id", record.get("_index", i)))
+
+
 @dataclass
 class Rollout:
     prompt_ids: list[str]  # (N,) which prompt each sample answers; equal ids = one group

@@ -134,6 +134,7 @@ def decode(
     stop_hits: Callable[[Tensor, int, Tensor], Tensor] | None = None,
     complete_groups: int = 0,
     must_finish: tuple[int, ...] = (),
+    on_groups_done: Callable[[list[int], Tensor, Tensor], None] | None = None,
 ) -> Decoded:
     """Sample up to ``max_new_tokens`` tokens per row.
 
@@ -146,6 +147,9 @@ def decode(
     ``complete_groups`` > 0 (over-dispatch): stop once that many groups have all their
     rows finished and so have the groups ``must_finish``; the other rows are cut short
     (neither stopped nor at the budget).
+    ``on_groups_done(groups, actions, mask)``: called at the step where every row of
+    each group in ``groups`` has finished (never for rows the budget cuts), with the
+    buffers as they stand (the rows of those groups are final).
     """
     N, V = first_logits.shape
     A, device = max_new_tokens, first_logits.device
@@ -155,6 +159,7 @@ def decode(
     finished = torch.zeros(N, dtype=torch.bool, device=device)
     stopped = torch.zeros(N, dtype=torch.bool, device=device)
     noise = None if greedy else NoiseSource(generators, group, V, A, device)
+    reported = torch.zeros(N // group, dtype=torch.bool, device=device)
     eos = eos.to(device)
     raw = first_logits
     for t in range(A):
@@ -173,6 +178,11 @@ def decode(
             hit |= stop_hits(actions, t, live & ~hit)
         stopped |= hit
         finished |= hit
+        if on_groups_done is not None and bool(hit.any()):
+            new = finished.view(-1, group).all(1) & ~reported
+            if bool(new.any()):
+                reported |= new
+                on_groups_done(new.nonzero().flatten().tolist(), actions, mask)
         if t == A - 1 or bool(finished.all()):
             break
         if complete_groups and bool(hit.any()):
@@ -199,7 +209,20 @@ def sample(
     ``_banned``, ``eos_ids``, ``pad_id``), its stop strings (``sampling.stop``), greedy /
     top-p from ``sampling``, then the completions as text (each cut at its mask) and the
     adapter's ``samples_generated`` / ``tokens_generated`` counters updated. ``options``
-    go to :func:`decode` (``complete_groups``, ``must_finish``)."""
+    go to :func:`decode` (``complete_groups``, ``must_finish``). ``sampling.on_groups_done``
+    receives each finished group's completions as text, as they will be returned."""
+    report = None
+    if sampling.on_groups_done is not None:
+
+        def report(groups: list[int], actions: Tensor, mask: Tensor) -> None:
+            rows = [g * group + k for g in groups for k in range(group)]
+            lengths = mask[rows].sum(-1).long().tolist()
+            tokens = actions[rows].tolist()
+            texts = adapter.tokenizer.batch_decode(
+                [row[:n] for row, n in zip(tokens, lengths)], skip_special_tokens=True
+            )
+            sampling.on_groups_done(groups, texts)
+
     res = decode(
         first_logits,
         forward_next,
@@ -213,6 +236,7 @@ def sample(
         eos=torch.tensor(sorted(adapter.eos_ids), dtype=torch.long),
         pad_id=adapter.pad_id,
         stop_hits=stop_hook(adapter.tokenizer, sampling.stop),
+        on_groups_done=report,
         **options,
     )
     lengths = res.mask.sum(-1).long().tolist()

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from mmyatt.rollout import Rollout
+from mmyatt.rollout import Rollout, prompt_id
 
 from . import cpu_kernels, decode
 from .protocol import Sampling, seeded_generator
@@ -58,6 +58,9 @@ class TextPolicy:
     padding. Rows past the tokenizer (vocabularies padded to a multiple of 64) decode
     to nothing at all.
     """
+
+    # generate calls sampling.on_groups_done as groups finish (placement partial streams them)
+    streams_finished_groups = True
 
     def __init__(
         self,
@@ -241,11 +244,7 @@ class TextPolicy:
         )
         actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
         return Rollout(
-            prompt_ids=[
-                str(r.get("id", r.get("_index", i)))
-                for i, r in enumerate(prompts)
-                for _ in range(G)
-            ],
+            prompt_ids=[prompt_id(r, i) for i, r in enumerate(prompts) for _ in range(G)],
             actions=actions,
             logprobs=logprobs,
             mask=mask,

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from mmyatt.models import decode  # one decode loop for text and VLM
 from mmyatt.models.text import _eos_ids
-from mmyatt.rollout import Rollout
+from mmyatt.rollout import Rollout, prompt_id
 
 from .protocol import Sampling, seeded_generator
 from .vlm_inputs import MEDIA_KEYS, VLMInputs
@@ -73,6 +73,9 @@ class VLMPolicy(VLMInputs):
     record's images/video in order. ``video_fps`` / ``video_max_frames`` sample videos
     given as paths.
     """
+
+    # generate calls sampling.on_groups_done as groups finish (placement partial streams them)
+    streams_finished_groups = True
 
     def __init__(
         self,
@@ -230,11 +233,7 @@ class VLMPolicy(VLMInputs):
         G = group_size
         media = [prep["media"] for prep in prepared for _ in range(G)]
         return Rollout(
-            prompt_ids=[
-                str(r.get("id", r.get("_index", i)))
-                for i, r in enumerate(prompts)
-                for _ in range(G)
-            ],
+            prompt_ids=[prompt_id(r, i) for i, r in enumerate(prompts) for _ in range(G)],
             actions=res["actions"],
             logprobs=res["logprobs"],
             mask=res["mask"],

@@ -194,3 +194,44 @@ def test_static_kv_decode_equals_model_forward_decode(policy, monkeypatch):
     assert len(calls) == 6
     assert torch.equal(fast.actions, slow.actions)
     assert torch.allclose(fast.logprobs, slow.logprobs, atol=1e-5)
+
+
+def test_finished_groups_are_reported_once_as_they_finish_with_their_final_text(policy):
+    """``Sampling.on_groups_done`` (placement partial streams groups to the judge with it):
+    every group whose samples all stop is reported once, at the step where its last
+    sample stops, with the text ``generate`` returns for it; a group the budget cuts is
+    never reported; the samples are those of a run without the callback."""
+    A, G = 12, 2
+    steps = []  # the decode step of every model call, to place each report in time
+    calls = []
+    handle = _eos_bonus(policy, 6.0)
+    counter = policy.model.get_output_embeddings().register_forward_hook(
+        lambda *a: steps.append(len(steps))
+    )
+    try:
+        plain = policy.generate(
+            [dict(p) for p in PROMPTS], G, Sampling(max_new_tokens=A), [1, 2, 3, 4]
+        )
+        steps.clear()
+
+        def done(groups, texts):
+            calls.append((list(groups), list(texts), len(steps)))
+
+        s = Sampling(max_new_tokens=A, on_groups_done=done)
+        r = policy.generate([dict(p) for p in PROMPTS], G, s, [1, 2, 3, 4])
+    finally:
+        handle.remove()
+        counter.remove()
+    assert torch.equal(r.actions, plain.actions) and r.outputs == plain.outputs
+    stopped = ~r.truncated
+    finished = [g for g in range(len(PROMPTS)) if bool(stopped[g * G : (g + 1) * G].all())]
+    reported = [g for groups, _, _ in calls for g in groups]
+    assert sorted(reported) == finished and len(set(reported)) == len(reported)
+    assert len(finished) >= 2, "the EOS bonus should let several groups finish"
+    for groups, texts, at in calls:
+        assert texts == [r.outputs[g * G + k] for g in groups for k in range(G)]
+        # reported at the step its last sample stopped: the prefill plus one model call
+        # per action before it
+        last = max(int(r.mask[g * G + k].sum()) for g in groups for k in range(G))
+        assert at == last, (groups, at, last)
+    assert len({at for *_, at in calls}) >= 2, "groups that finish apart are reported apart"

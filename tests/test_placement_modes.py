@@ -43,7 +43,7 @@ def restore_affinity():
     torch.set_num_threads(threads)
 
 
-def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3) -> list:
+def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3, calls=None) -> list:
     cfg = load_config(
         None,
         [
@@ -54,6 +54,9 @@ def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3) -> list:
             "data.prompts_per_step=4",
             "sampling.group_size=4",
             "sampling.max_new_tokens=6",
+            # completions of varied lengths: groups finish at different steps, and partial
+            # sends each to the judge as it does
+            "sampling.stop=[e, t, s, o, a, Q]",
             "optim.lr=0.01",
             # an untrained judge ranks no "Yes" or "No" in its top 20: score the mass of
             # one half of the characters against the other's, a continuous function of
@@ -85,6 +88,8 @@ def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3) -> list:
         m = ctl.step()
         r = ctl.last_rollout
         out.append((list(r.outputs), r.rewards.clone(), m.get("placement/mode", "shared")))
+        if calls is not None:
+            calls.append(m.get("placement/judge_calls"))
     return out
 
 
@@ -92,7 +97,8 @@ def test_same_seeds_same_rewards_in_every_mode(tmp_path, models, restore_affinit
     from mmyatt.rewards.judge_server import JudgeServer
 
     with JudgeServer(str(models["judge"])).start() as server:
-        runs = {m: run_mode(tmp_path, models, server.url, m) for m in MODES}
+        calls: dict[str, list] = {m: [] for m in MODES}
+        runs = {m: run_mode(tmp_path, models, server.url, m, calls=calls[m]) for m in MODES}
         stats = server.stats
     ref = runs["shared"]
     for mode, steps in runs.items():
@@ -101,6 +107,10 @@ def test_same_seeds_same_rewards_in_every_mode(tmp_path, models, restore_affinit
             torch.testing.assert_close(rew_a, rew_b, rtol=0, atol=1e-5, msg=mode)
     assert [m for *_, m in runs["colocate"]] == ["colocate"] * 3
     assert [m for *_, m in runs["partial"]] == ["partial"] * 3
+    # partial sent groups to the judge as they finished, in more than one call per step
+    # (so the answers were put back in the rollout's order): 4 groups, one call per step
+    # at which some finished, one for those the budget cut
+    assert max(calls["partial"]) >= 2, calls
     assert [m for *_, m in runs["auto"]] == ["colocate", "colocate", "partial"]
     # colocate dropped the judge's weights after each judge phase and reloaded them
     assert stats["sleeps"] >= 3 and stats["reloads"] >= 3 and stats["reload_s"] > 0

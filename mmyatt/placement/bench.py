@@ -144,6 +144,9 @@ def _summary(rows: list[dict]) -> dict:
             for role in ("rollout", "judge", "train", "cores")
         },
         "phase_s": {k: mean(f"placement/{k}") for k in ("gen_s", "train_s", "judge_busy_s")},
+        # the rollout phase (generation and judging until every controller holds its
+        # rewards), the phase G-Core's partial coexistence shortens
+        "rollout_s": mean("placement/rollout_s"),
         "judge_reload_s": mean("placement/judge_reload_s"),
         "peak_rss_mb": max((r.get("placement/peak_rss_mb", 0.0) for r in rows), default=None),
         "peak_rss_mb_by_phase": {
@@ -466,6 +469,9 @@ def _derive(out: dict) -> None:
         out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
         if wl == "judge_heavy":
             out["partial_over_colocate_judge_heavy"] = s["partial"] / s["colocate"]
+            ro = {m: out[wl][m].get("rollout_s") for m in ("partial", "colocate")}
+            if all(isinstance(v, float) and v > 0 for v in ro.values()):
+                out["partial_over_colocate_rollout_judge_heavy"] = ro["partial"] / ro["colocate"]
     if all(m in out.get("drifting", {}) for m in MODES):
         t = {m: out["drifting"][m]["total_s"] for m in MODES}
         best = min(fixed, key=lambda m: t[m])

@@ -28,16 +28,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import torch
+
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
 from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
 from mmyatt.placement.dispatch import OverDispatch
+from mmyatt.rollout import Rollout, prompt_id
 
 MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
 
 
 class Placement:
-    def __init__(self, cfg, dist, shard=None, log=print):
+    def __init__(self, cfg, dist, shard=None, log=print, streams_groups: bool = False):
         p = cfg.placement
         self.cfg, self.dist, self.mode = cfg, dist, p.mode
         # processes that train: a Megatron model-parallel group (train.tensor_parallel /
@@ -51,6 +54,11 @@ class Placement:
             ro.over_dispatch_ratio, shard, reuse=ro.reuse_unused_prompts, max_carries=ro.max_carries
         )
         self.log = log if dist.is_main else (lambda *a, **k: None)
+        # partial sends each prompt group to the judge the moment its samples finish, from
+        # inside one generate call (the policy's ``streams_finished_groups``: text and VLM
+        # adapters); otherwise (flow models, vLLM, over-dispatch) it generates chunks of
+        # placement.stream_groups groups, one call each, and sends each chunk
+        self.streams_groups = streams_groups and not self.dispatch.active
         self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
             cfg.reward.judge.model or cfg.reward.judge.urls
         )
@@ -89,7 +97,8 @@ class Placement:
                 profile_all=p.profile_all_modes,
                 explore_margin=p.explore_margin,
                 judge_threads=self.judge_threads,
-                chunks=-(-groups // p.stream_groups),  # partial's chunks per step
+                # partial's judge calls per step
+                chunks=groups if self.streams_groups else -(-groups // p.stream_groups),
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
@@ -150,14 +159,17 @@ class Placement:
             self.judge_plan = (tuple(cores), threads)
 
     # ------------------------------------------------------------------ the modes
-    def _generate(self, ctl, n: int, sampling):
+    def _generate(self, ctl, n: int, sampling, stream=None):
         """``n`` prompt groups: the next records (over-dispatched when
-        rollout.over_dispatch_ratio > 1, then cut to the first ``n`` complete groups)."""
+        rollout.over_dispatch_ratio > 1, then cut to the first ``n`` complete groups).
+        ``stream(records)``: the ``on_groups_done`` callback for these records."""
         d = self.dispatch
         records = d.draw(n)
         if d.active:
             must = d.must_finish(records)
             sampling = replace(sampling, complete_groups=n, must_finish=must)
+        elif stream is not None:
+            sampling = replace(sampling, on_groups_done=stream(records))
         r = ctl.generate(records, sampling)
         r, used = d.select(r, records, n, sampling.max_new_tokens)
         ctl.consumed += [rec["_index"] for rec in used]
@@ -244,55 +256,80 @@ class Placement:
 
     def _partial(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
+        G = self.cfg.sampling.group_size
         self._pinned = True
         self._phase_start()
         if self.judges is not None:
             self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
             self._place_judge(plan.judge, len(plan.judge))
         res.use_cores(plan.rollout, sharers=P)
-        k = self.cfg.placement.stream_groups
-        chunks = [min(k, n - i) for i in range(0, n, k)]  # groups per chunk
-        futures, parts = [], []
+        calls = []  # (rows of the step's rollout, future of the judge's answer)
 
-        def judge(rollout):
-            out = ctl.reward(rollout.outputs, rollout.records, rollout.prompt_ids)
+        def judge(outputs, records, ids):
+            out = ctl.reward(outputs, records, ids)
             return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge") as pool:
             with timer("generate"):
-                for chunk in chunks:
-                    part = self._generate(ctl, chunk, sampling)
-                    parts.append(part)
-                    futures.append(pool.submit(judge, part))
+                if self.streams_groups:  # each group the moment its samples finish
+                    sent: set[int] = set()
+
+                    def stream(records):
+                        def send(groups, texts):
+                            sent.update(groups)
+                            recs = [records[g] for g in groups for _ in range(G)]
+                            ids = [prompt_id(records[g], g) for g in groups for _ in range(G)]
+                            rows = [g * G + k for g in groups for k in range(G)]
+                            calls.append((rows, pool.submit(judge, texts, recs, ids)))
+
+                        return send
+
+                    r = self._generate(ctl, n, sampling, stream=stream)
+                    rows = [i for i in range(len(r)) if i // G not in sent]  # cut by the budget
+                    if rows:
+                        pick = [r.outputs[i] for i in rows], [r.records[i] for i in rows]
+                        ids = [r.prompt_ids[i] for i in rows]
+                        calls.append((rows, pool.submit(judge, *pick, ids)))
+                else:  # chunks of placement.stream_groups groups, one generate call each
+                    k = self.cfg.placement.stream_groups
+                    parts = []
+                    for chunk in [min(k, n - i) for i in range(0, n, k)]:
+                        part = self._generate(ctl, chunk, sampling)
+                        start = sum(len(p) for p in parts)
+                        parts.append(part)
+                        rows = list(range(start, start + len(part)))
+                        calls.append(
+                            (rows, pool.submit(judge, part.outputs, part.records, part.prompt_ids))
+                        )
+                    r = Rollout.concat(parts)
             self._acc["gen_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
             with timer("reward"):  # what is left of judging once generation is done
                 results, error = [], None
-                for f in futures:
+                for _, f in calls:
                     try:
                         results.append(f.result())
                     except Exception as e:  # noqa: BLE001 - agreed on below, then raised
                         error = error or e
             self._acc["reward_s"] += time.perf_counter() - t1
-        self._acc["chunks"] += len(chunks)
+        self._acc["chunks"] += len(calls)
         from mmyatt.rewards.judge_client import JudgeError
 
         if error is not None and not isinstance(error, JudgeError):
             raise error
         ctl.agree_on_judge_error(error)
-        import torch
-
-        from mmyatt.rollout import Rollout
-
-        r = Rollout.concat(parts)
-        rewards = torch.cat([out[0] for out, _ in results])
+        # the answers in the rollout's row order (streamed groups come back as they finished)
+        order = torch.tensor([i for rows, _ in calls for i in rows], dtype=torch.long)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(len(order))
+        rewards = torch.cat([out[0] for out, _ in results])[back]
         names = results[0][0][1].keys()
-        scored = (rewards, {n: torch.cat([out[1][n] for out, _ in results]) for n in names})
+        scored = (rewards, {n: torch.cat([out[1][n] for out, _ in results])[back] for n in names})
         verdicts = [v for _, vs in results for v in vs]
         r = ctl.score(r, scored=scored)
         if verdicts and hasattr(r, "verdicts"):
-            r.verdicts = verdicts
+            r.verdicts = [verdicts[i] for i in back.tolist()]
         self._phase_end("generate")
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
@@ -369,6 +406,7 @@ class Placement:
             "placement/split": plan.split if plan else "shared",
             "placement/actual_step_s": step,
             "placement/gen_s": mx["gen"],
+            "placement/rollout_s": mx["collect"],  # generate + judge, until all hold rewards
             "placement/train_s": mx["train"],
             "placement/judge_busy_s": total["judge_busy_s"],
             "placement/judge_reload_s": total["reload_s"],
@@ -385,6 +423,8 @@ class Placement:
             out[f"placement/peak_rss_mb_{name}"] = v
         if peaks:
             out["placement/peak_rss_mb"] = max(peaks.values())
+        if plan is not None and plan.mode == "partial":  # judge calls per controller
+            out["placement/judge_calls"] = total["chunks"] / W
         if self.dispatch.active:
             out.update(self.dist.sum_many(carry))
         if self.auto is not None:
