@@ -134,3 +134,81 @@ def test_a_shared_step_after_a_pinned_split_puts_the_threads_back_once(calls):
     pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())  # shared again: nothing to do
     pl.end_step()
     assert len(calls) == n
+
+
+class StreamingCtl:
+    """A policy that reports groups 0..3 finished one after another (group 3 never: the
+    budget cuts it) and a judge whose first call waits until generation is over, so the
+    groups reported meanwhile must wait for the next call. Reward = the sample's row."""
+
+    def __init__(self, G: int):
+        import threading
+
+        self.G, self.consumed, self.batches = G, [], []
+        self.first_call = threading.Event()
+        self.generated = threading.Event()
+
+    def generate(self, records, sampling):
+        import torch
+
+        from mmyatt.rollout import Rollout
+
+        G, N = self.G, len(records) * self.G
+        outputs = [f"row {i}" for i in range(N)]
+        for g in range(len(records) - 1):  # the last group: cut by the budget
+            sampling.on_groups_done([g], outputs[g * G : (g + 1) * G])
+            if g == 0:
+                assert self.first_call.wait(5)  # the judge holds group 0
+        self.generated.set()
+        return Rollout(
+            prompt_ids=[str(r["_index"]) for r in records for _ in range(G)],
+            actions=torch.zeros(N, 1),
+            logprobs=torch.zeros(N, 1),
+            mask=torch.ones(N, 1),
+            context={},
+            outputs=outputs,
+            records=[r for r in records for _ in range(G)],
+        )
+
+    def reward(self, outputs, records, ids):
+        import torch
+
+        self.batches.append([int(o.split()[1]) for o in outputs])
+        if len(self.batches) == 1:
+            self.first_call.set()
+            assert self.generated.wait(5)
+        rows = torch.tensor(self.batches[-1], dtype=torch.float32)
+        return rows, {"row": rows.clone()}
+
+    def agree_on_judge_error(self, error):
+        assert error is None
+
+    def score(self, r, scored=None):
+        r.rewards, r.reward_parts = scored
+        return r
+
+
+def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanwhile():
+    """Partial with a streaming policy: group 0 goes to the judge alone the moment it
+    finishes; groups 1 and 2, finished while the judge answers it, go in one call with
+    group 3 (cut by the budget, sent when generation ends); the rewards come back in
+    the rollout's row order."""
+    import torch
+
+    from mmyatt.protocols import Sampling
+
+    G = 2
+    cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
+    pl = Placement(cfg, Dist(), Shard(), streams_groups=True)
+    ctl = StreamingCtl(G)
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+        m = pl.end_step()
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)
+    assert ctl.batches == [[0, 1], [2, 3, 4, 5, 6, 7]]
+    assert m["placement/judge_calls"] == 2
+    torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
+    torch.testing.assert_close(r.reward_parts["row"], torch.arange(8, dtype=torch.float32))

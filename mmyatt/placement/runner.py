@@ -24,6 +24,7 @@ computed from all-reduced measurements, so all controllers take the same one.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -263,34 +264,52 @@ class Placement:
             self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
             self._place_judge(plan.judge, len(plan.judge))
         res.use_cores(plan.rollout, sharers=P)
-        calls = []  # (rows of the step's rollout, future of the judge's answer)
+        # futures of the judge calls, each answering (rows of the step's rollout, (reward
+        # output, verdicts)), or None for a call that found nothing left to send
+        calls = []
 
-        def judge(outputs, records, ids):
+        def judge(rows, outputs, records, ids):
             out = ctl.reward(outputs, records, ids)
-            return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
+            return rows, (out, list(getattr(ctl.reward, "last_verdicts", None) or []))
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge") as pool:
             with timer("generate"):
-                if self.streams_groups:  # each group the moment its samples finish
-                    sent: set[int] = set()
+                if self.streams_groups:  # each group as its samples finish
+                    # groups that finish while the judge answers an earlier call wait and
+                    # go together in the next one: the first group is judged at once, and
+                    # the judge gets batches as large as the overlap allows (a call per
+                    # group cost the judge 1.4x the model time of whole-step calls)
+                    pending, lock, reported = [], threading.Lock(), set()
+
+                    def flush():
+                        with lock:
+                            batch = pending[:]
+                            pending.clear()
+                        if not batch:
+                            return None
+                        return judge(*(sum((b[i] for b in batch), []) for i in range(4)))
 
                     def stream(records):
                         def send(groups, texts):
-                            sent.update(groups)
+                            reported.update(groups)
+                            rows = [g * G + k for g in groups for k in range(G)]
                             recs = [records[g] for g in groups for _ in range(G)]
                             ids = [prompt_id(records[g], g) for g in groups for _ in range(G)]
-                            rows = [g * G + k for g in groups for k in range(G)]
-                            calls.append((rows, pool.submit(judge, texts, recs, ids)))
+                            with lock:
+                                pending.append((rows, list(texts), recs, ids))
+                            calls.append(pool.submit(flush))
 
                         return send
 
                     r = self._generate(ctl, n, sampling, stream=stream)
-                    rows = [i for i in range(len(r)) if i // G not in sent]  # cut by the budget
-                    if rows:
-                        pick = [r.outputs[i] for i in rows], [r.records[i] for i in rows]
-                        ids = [r.prompt_ids[i] for i in rows]
-                        calls.append((rows, pool.submit(judge, *pick, ids)))
+                    # the groups the budget cut (never reported) go with what still waits
+                    cut = [i for i in range(len(r)) if i // G not in reported]
+                    if cut:
+                        outs, recs = [r.outputs[i] for i in cut], [r.records[i] for i in cut]
+                        with lock:
+                            pending.append((cut, outs, recs, [r.prompt_ids[i] for i in cut]))
+                        calls.append(pool.submit(flush))
                 else:  # chunks of placement.stream_groups groups, one generate call each
                     k = self.cfg.placement.stream_groups
                     parts = []
@@ -300,33 +319,35 @@ class Placement:
                         parts.append(part)
                         rows = list(range(start, start + len(part)))
                         calls.append(
-                            (rows, pool.submit(judge, part.outputs, part.records, part.prompt_ids))
+                            pool.submit(judge, rows, part.outputs, part.records, part.prompt_ids)
                         )
                     r = Rollout.concat(parts)
             self._acc["gen_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
             with timer("reward"):  # what is left of judging once generation is done
                 results, error = [], None
-                for _, f in calls:
+                for f in calls:
                     try:
-                        results.append(f.result())
+                        if (got := f.result()) is not None:
+                            results.append(got)
                     except Exception as e:  # noqa: BLE001 - agreed on below, then raised
                         error = error or e
             self._acc["reward_s"] += time.perf_counter() - t1
-        self._acc["chunks"] += len(calls)
+        self._acc["chunks"] += len(results)
         from mmyatt.rewards.judge_client import JudgeError
 
         if error is not None and not isinstance(error, JudgeError):
             raise error
         ctl.agree_on_judge_error(error)
         # the answers in the rollout's row order (streamed groups come back as they finished)
-        order = torch.tensor([i for rows, _ in calls for i in rows], dtype=torch.long)
+        order = torch.tensor([i for rows, _ in results for i in rows], dtype=torch.long)
         back = torch.empty_like(order)
         back[order] = torch.arange(len(order))
-        rewards = torch.cat([out[0] for out, _ in results])[back]
-        names = results[0][0][1].keys()
-        scored = (rewards, {n: torch.cat([out[1][n] for out, _ in results])[back] for n in names})
-        verdicts = [v for _, vs in results for v in vs]
+        outs = [out for _, (out, _) in results]
+        rewards = torch.cat([o[0] for o in outs])[back]
+        names = outs[0][1].keys()
+        scored = (rewards, {n: torch.cat([o[1][n] for o in outs])[back] for n in names})
+        verdicts = [v for _, (_, vs) in results for v in vs]
         r = ctl.score(r, scored=scored)
         if verdicts and hasattr(r, "verdicts"):
             r.verdicts = [verdicts[i] for i in back.tolist()]
@@ -454,7 +475,6 @@ class Placement:
 
 def _all_processes(value: float, device) -> float:
     """``value`` summed over every process of the run."""
-    import torch
     import torch.distributed as tdist
 
     t = torch.tensor([value], dtype=torch.float64, device=device)
@@ -464,8 +484,6 @@ def _all_processes(value: float, device) -> float:
 
 def _gather(dist, value: float) -> list[float]:
     """``value`` of every controller (a one-hot all-reduce, as ``Dist.gather_ints``)."""
-    import torch
-
     t = torch.zeros(dist.world_size, dtype=torch.float64)
     t[dist.rank] = value
     return dist.sum(t).tolist()
