@@ -301,6 +301,8 @@ def cli_main(args: argparse.Namespace) -> int:
     )
     if threads:
         server.batcher.threads = int(threads)  # the worker thread applies it too
+    # before serving: colocate's first release then scans only the reloaded model
+    server.batcher.settle()
     port_file = getattr(args, "port_file", None)
     if port_file:  # written last and atomically: its presence means "listening"
         tmp = Path(str(port_file) + ".tmp")

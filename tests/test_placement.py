@@ -180,3 +180,28 @@ def test_judge_sleep_gives_the_weights_memory_back_and_wake_reloads(tmp_path):
     assert again - asleep > 0.8 * weights_mb, (again, asleep, weights_mb)
     assert again - asleep2 > 0.8 * weights_mb, (again, asleep2, weights_mb)
     assert sleep_s < 0.1, sleep_s  # a full collection of pytest's heap takes longer
+
+
+def test_a_settled_judge_pays_no_full_collection_at_its_first_release(tmp_path):
+    """``Batcher.settle`` (run by every served judge before it serves): the first release
+    is as fast as later ones and still gives the weights' memory back; settling counts
+    as neither a release nor a reload."""
+    from mmyatt.placement.bench import _big_model
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    path, params = _big_model(tmp_path / "judge", seed=1)
+    weights_mb = params * 4 / 2**20
+    server = JudgeServer(str(path))
+    try:
+        assert server.batcher.settle() > 0
+        float(sum(p.detach().double().sum() for p in server.model.model.parameters()))
+        awake = res.rss_mb()
+        sleep_s = server.batcher.sleep()
+        asleep = res.rss_mb()
+        stats = dict(server.batcher.stats)
+    finally:
+        server.batcher.stop()
+        gc.unfreeze()  # the rest of the test session collects as before
+    assert sleep_s < 0.1, sleep_s  # a full collection of pytest's heap takes longer
+    assert awake - asleep > 0.8 * weights_mb, (awake, asleep, weights_mb)
+    assert stats["sleeps"] == 1 and stats["reloads"] == 0

@@ -212,3 +212,51 @@ def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanw
     assert m["placement/judge_calls"] == 2
     torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
     torch.testing.assert_close(r.reward_parts["row"], torch.arange(8, dtype=torch.float32))
+
+
+class JudgeSpy:
+    """The judges' control calls, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def wake(self):
+        self.calls.append("wake")
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def place(self, cores, threads, reset_peak=False):
+        self.calls.append("place")
+
+    def stats(self):
+        return {"peak_rss_mb": 0.0}
+
+    def reset_peak(self):
+        pass
+
+
+def test_the_judge_is_placed_before_it_reloads_its_weights():
+    """A judge colocate left asleep must be moved to its cores and thread count before it
+    reloads: reloaded on 2 threads and then moved to 1 core, its next model calls ran 8x
+    slower (the first partial step after colocate: 1.04 s of judge time against 0.13)."""
+    import torch
+
+    from mmyatt.protocols import Sampling
+
+    cfg = load_config(None, ["placement.mode=partial", "sampling.group_size=2"])
+    pl = Placement(cfg, Dist(), Shard(), streams_groups=True)
+    pl.judges = spy = JudgeSpy()
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        pl.generate_and_score(StreamingCtl(2), 4, Sampling(max_new_tokens=4), PhaseTimer())
+        pl.end_step()
+        assert spy.calls[:2] == ["place", "wake"], spy.calls
+        # auto's shared step after a pinned one puts the judge back the same way
+        spy.calls.clear()
+        shared = next(p for p in candidate_plans(cfg) if p.mode == "shared")
+        pl._unpin(shared)
+        assert spy.calls == ["place", "wake"], spy.calls
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)

@@ -213,9 +213,9 @@ class Placement:
         self._pinned = False
         res.pin_process(plan.cores)
         res.set_threads(self.cfg.trainer.threads)
-        if self.judges is not None:
-            self.judges.wake()  # a no-op unless colocate dropped the weights
+        if self.judges is not None:  # placed before it reloads (see _partial)
             self._place_judge(plan.cores, self.judge_threads(plan))
+            self.judges.wake()  # a no-op unless colocate dropped the weights
 
     def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
@@ -261,8 +261,11 @@ class Placement:
         self._pinned = True
         self._phase_start()
         if self.judges is not None:
-            self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
+            # placed, then woken: weights reloaded on 2 threads and 2 cores before the judge
+            # was moved to 1 core and 1 thread made its next model calls 8x slower (1.04 s
+            # against 0.13 s in the first partial step after colocate, drifting bench)
             self._place_judge(plan.judge, len(plan.judge))
+            self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
         res.use_cores(plan.rollout, sharers=P)
         # futures of the judge calls, each answering (rows of the step's rollout, (reward
         # output, verdicts)), or None for a call that found nothing left to send
