@@ -216,12 +216,7 @@ def sample(
 
         def report(groups: list[int], actions: Tensor, mask: Tensor) -> None:
             rows = [g * group + k for g in groups for k in range(group)]
-            lengths = mask[rows].sum(-1).long().tolist()
-            tokens = actions[rows].tolist()
-            texts = adapter.tokenizer.batch_decode(
-                [row[:n] for row, n in zip(tokens, lengths)], skip_special_tokens=True
-            )
-            sampling.on_groups_done(groups, texts)
+            sampling.on_groups_done(groups, as_text(adapter.tokenizer, actions[rows], mask[rows]))
 
     res = decode(
         first_logits,
@@ -239,14 +234,18 @@ def sample(
         on_groups_done=report,
         **options,
     )
-    lengths = res.mask.sum(-1).long().tolist()
-    rows = res.actions.tolist()
-    outputs = adapter.tokenizer.batch_decode(
-        [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
-    )
+    outputs = as_text(adapter.tokenizer, res.actions, res.mask)
     adapter.stats["samples_generated"] += res.actions.shape[0]
-    adapter.stats["tokens_generated"] += int(sum(lengths))
+    adapter.stats["tokens_generated"] += int(res.mask.sum())
     return res, outputs
+
+
+def as_text(tokenizer, actions: Tensor, mask: Tensor) -> list[str]:
+    """Each row's actions as text, cut at its mask (special tokens dropped)."""
+    lengths = mask.sum(-1).long().tolist()
+    return tokenizer.batch_decode(
+        [row[:n] for row, n in zip(actions.tolist(), lengths)], skip_special_tokens=True
+    )
 
 
 def stop_string_hits(
