@@ -210,3 +210,21 @@ def test_auto_measures_partial_when_its_configured_chunks_could_overlap(chunks):
     plan, line = a.next_plan()
     assert plan == SHARED and line.startswith("measured partial 1:1: auto picks shared")
     assert a.estimates["partial 1:1"] == pytest.approx(8.0)
+
+
+def test_a_measured_plan_wins_a_tie_with_a_prediction_derived_from_it():
+    """Shared measured; colocate's point prediction (its 2-thread judge never assumed
+    faster, no reload measured) equals it exactly, while its optimistic bound (the judge
+    twice as fast) is worth measuring. The plan to beat is shared, the measured one."""
+    a = AutoPlacer(
+        [COLOCATE, SHARED],  # colocate listed first: the old tie-break named it
+        has_judge=True,
+        start_partial=None,
+        profile=1,
+        judge_threads=threads(colocate=2),
+    )
+    out = _run(a, [_measure("shared", 2, 2, gen=1.0, judge=0.5, threads=1)] * 3)
+    assert [k for k, _ in out] == ["shared", "shared", "colocate"]
+    line = out[-1][1]
+    # 1.0 + 0.5 + 1.0 measured; at best 1.0 + 0.25 + 1.0
+    assert line == "profiled: auto measures colocate (at best 2.25s, against shared 2.50s)", line

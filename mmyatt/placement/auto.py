@@ -307,7 +307,8 @@ class AutoPlacer:
         if not self.estimates:
             return self.current, None
         known = [p for p in self.candidates if self.key(p) in self.estimates]
-        best = min(known, key=lambda p: self.estimates[self.key(p)])
+        # on a tie a measured plan beats a predicted one (the prediction is derived from it)
+        best = min(known, key=lambda p: (self.estimates[self.key(p)], self.measured(p) is None))
         bar = (1 - self.min_gain) * self.estimates[self.key(best)]
         old = self.current
         explore = [p for p in self.candidates if optimistic.get(self.key(p), bar) < bar]
