@@ -137,6 +137,7 @@ def start_judges(cfg: RunConfig, rd: Path):
         max_restarts=j.max_restarts,
         backend=j.backend,
         vllm_args=list(j.vllm_args),
+        settle=cfg.placement.mode in ("colocate", "auto") and cfg.placement.release_judge,
     )
     print(
         f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "

@@ -82,6 +82,7 @@ class JudgePool:
         threads: int | None = None,
         log_dir: str | Path | None = None,
         extra_args: Sequence[str] = (),
+        settle: bool = False,
         max_restarts: int = 3,
         backend: str = "mmyatt",
         vllm_args: Sequence[str] = (),
@@ -137,6 +138,9 @@ class JudgePool:
                     "--parent-pid",
                     str(os.getpid()),
                     *([f"--threads={threads}"] if threads else []),
+                    # placement releases this judge between phases: pay its full garbage
+                    # collection at start, not in the first release
+                    *(["--settle"] if settle else []),
                     *extra_args,
                 ]
                 env = dict(os.environ)

@@ -301,8 +301,8 @@ def cli_main(args: argparse.Namespace) -> int:
     )
     if threads:
         server.batcher.threads = int(threads)  # the worker thread applies it too
-    # before serving: colocate's first release then scans only the reloaded model
-    server.batcher.settle()
+    if getattr(args, "settle", False):  # placement will release it between phases
+        server.batcher.settle()
     port_file = getattr(args, "port_file", None)
     if port_file:  # written last and atomically: its presence means "listening"
         tmp = Path(str(port_file) + ".tmp")
@@ -347,6 +347,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="after each answer, poll for the next request this long without sleeping, so "
         "that a lone client's next request may find a warm core (default 0: sleep at once; "
         "measured gains were not robust, BENCHMARKS.md)",
+    )
+    p.add_argument(
+        "--settle",
+        action="store_true",
+        help="before serving, drop the weights, collect and freeze what survives, and reload: "
+        "a judge that placement releases between phases (colocate, auto) then never pays "
+        "the full garbage collection of its long-lived objects in a release",
     )
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")

@@ -205,3 +205,43 @@ def test_a_settled_judge_pays_no_full_collection_at_its_first_release(tmp_path):
     assert sleep_s < 0.1, sleep_s  # a full collection of pytest's heap takes longer
     assert awake - asleep > 0.8 * weights_mb, (awake, asleep, weights_mb)
     assert stats["sleeps"] == 1 and stats["reloads"] == 0
+
+
+@pytest.mark.parametrize(
+    "mode,release,settle",
+    [
+        ("shared", True, False),
+        ("partial", True, False),
+        ("colocate", True, True),
+        ("auto", True, True),
+        ("colocate", False, False),
+    ],
+)
+def test_the_run_settles_its_judge_only_where_placement_releases_it(
+    monkeypatch, tmp_path, mode, release, settle
+):
+    """A settled judge pays one extra load at start (seconds for a large judge), so the
+    run asks for it only where the judge will be released between phases."""
+    from mmyatt import run
+    from mmyatt.config import load_config
+    from mmyatt.rewards import judge_pool
+
+    seen = {}
+
+    class Pool:
+        def __init__(self, model, n, **kw):
+            seen.update(kw)
+            self.urls = ["http://127.0.0.1:1/v1"]
+
+    monkeypatch.setattr(judge_pool, "JudgePool", Pool)
+    (tmp_path / "judge").mkdir()
+    cfg = load_config(
+        None,
+        [
+            f"reward.judge.model={tmp_path / 'judge'}",
+            f"placement.mode={mode}",
+            f"placement.release_judge={str(release).lower()}",
+        ],
+    )
+    run.start_judges(cfg, tmp_path)
+    assert seen["settle"] is settle
