@@ -137,9 +137,10 @@ def test_a_shared_step_after_a_pinned_split_puts_the_threads_back_once(calls):
 
 
 class StreamingCtl:
-    """A policy that reports groups 0..3 finished one after another (group 3 never: the
-    budget cuts it) and a judge whose first call waits until generation is over, so the
-    groups reported meanwhile must wait for the next call. Reward = the sample's row."""
+    """A policy that reports groups 0..3 finished one after another and a judge whose
+    first call waits until generation is over, so the groups reported meanwhile must wait
+    for the next call. Reward = the sample's row. (Groups the budget cuts are sent after
+    generate returns, racing the next call: tests/test_placement_modes.py has them.)"""
 
     def __init__(self, G: int):
         import threading
@@ -155,7 +156,7 @@ class StreamingCtl:
 
         G, N = self.G, len(records) * self.G
         outputs = [f"row {i}" for i in range(N)]
-        for g in range(len(records) - 1):  # the last group: cut by the budget
+        for g in range(len(records)):
             sampling.on_groups_done([g], outputs[g * G : (g + 1) * G])
             if g == 0:
                 assert self.first_call.wait(5)  # the judge holds group 0
@@ -190,9 +191,8 @@ class StreamingCtl:
 
 def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanwhile():
     """Partial with a streaming policy: group 0 goes to the judge alone the moment it
-    finishes; groups 1 and 2, finished while the judge answers it, go in one call with
-    group 3 (cut by the budget, sent when generation ends); the rewards come back in
-    the rollout's row order."""
+    finishes; groups 1, 2 and 3, finished while the judge answers it, go in one call;
+    the rewards come back in the rollout's row order."""
     import torch
 
     from mmyatt.protocols import Sampling

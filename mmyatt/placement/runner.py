@@ -38,6 +38,50 @@ from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.rollout import Rollout, prompt_id
 
 MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
+FIELDS = ("outputs", "records", "prompt_ids")  # what the judge is sent of each sample
+
+
+class JudgeStream:
+    """Partial's sender: pieces of a step's samples go to ``judge(outputs, records, ids)``
+    from one background thread, and a piece sent while the judge answers an earlier call
+    waits and goes with the others in the next call. The first piece is judged at once,
+    and the judge gets batches as large as the overlap allows (a call per prompt group
+    cost the judge 1.4x the model time of whole-step calls, judge-heavy bench)."""
+
+    def __init__(self, judge):
+        self._judge = judge
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge")
+        self._lock = threading.Lock()
+        self._pending: list[tuple[list, list, list, list]] = []
+        self._calls = []
+
+    def send(self, rows, outputs, records, ids) -> None:
+        """Samples at ``rows`` of the step's rollout, to be judged."""
+        with self._lock:
+            self._pending.append((list(rows), list(outputs), list(records), list(ids)))
+        self._calls.append(self._pool.submit(self._flush))
+
+    def _flush(self):
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if not batch:  # an earlier call took it
+            return None
+        rows, outputs, records, ids = (sum((b[i] for b in batch), []) for i in range(4))
+        return rows, self._judge(outputs, records, ids)
+
+    def results(self) -> tuple[list, BaseException | None]:
+        """(rows, answer) of every call, once all are done, and the first error raised."""
+        out, error = [], None
+        for f in self._calls:
+            try:
+                if (got := f.result()) is not None:
+                    out.append(got)
+            except Exception as e:  # noqa: BLE001 - agreed on by the caller, then raised
+                error = error or e
+        return out, error
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
 class Placement:
@@ -267,75 +311,49 @@ class Placement:
             self._place_judge(plan.judge, len(plan.judge))
             self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
         res.use_cores(plan.rollout, sharers=P)
-        # futures of the judge calls, each answering (rows of the step's rollout, (reward
-        # output, verdicts)), or None for a call that found nothing left to send
-        calls = []
 
-        def judge(rows, outputs, records, ids):
+        def judge(outputs, records, ids):
             out = ctl.reward(outputs, records, ids)
-            return rows, (out, list(getattr(ctl.reward, "last_verdicts", None) or []))
+            return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
 
+        stream = JudgeStream(judge)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge") as pool:
+        try:
             with timer("generate"):
                 if self.streams_groups:  # each group as its samples finish
-                    # groups that finish while the judge answers an earlier call wait and
-                    # go together in the next one: the first group is judged at once, and
-                    # the judge gets batches as large as the overlap allows (a call per
-                    # group cost the judge 1.4x the model time of whole-step calls)
-                    pending, lock, reported = [], threading.Lock(), set()
+                    reported: set[int] = set()
 
-                    def flush():
-                        with lock:
-                            batch = pending[:]
-                            pending.clear()
-                        if not batch:
-                            return None
-                        return judge(*(sum((b[i] for b in batch), []) for i in range(4)))
-
-                    def stream(records):
+                    def on_done(records):
                         def send(groups, texts):
                             reported.update(groups)
-                            rows = [g * G + k for g in groups for k in range(G)]
                             recs = [records[g] for g in groups for _ in range(G)]
                             ids = [prompt_id(records[g], g) for g in groups for _ in range(G)]
-                            with lock:
-                                pending.append((rows, list(texts), recs, ids))
-                            calls.append(pool.submit(flush))
+                            rows = [g * G + k for g in groups for k in range(G)]
+                            stream.send(rows, texts, recs, ids)
 
                         return send
 
-                    r = self._generate(ctl, n, sampling, stream=stream)
-                    # the groups the budget cut (never reported) go with what still waits
-                    cut = [i for i in range(len(r)) if i // G not in reported]
+                    r = self._generate(ctl, n, sampling, stream=on_done)
+                    cut = [i for i in range(len(r)) if i // G not in reported]  # the budget's
                     if cut:
-                        outs, recs = [r.outputs[i] for i in cut], [r.records[i] for i in cut]
-                        with lock:
-                            pending.append((cut, outs, recs, [r.prompt_ids[i] for i in cut]))
-                        calls.append(pool.submit(flush))
+                        stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
                 else:  # chunks of placement.stream_groups groups, one generate call each
-                    k = self.cfg.placement.stream_groups
-                    parts = []
+                    k, parts = self.cfg.placement.stream_groups, []
                     for chunk in [min(k, n - i) for i in range(0, n, k)]:
                         part = self._generate(ctl, chunk, sampling)
                         start = sum(len(p) for p in parts)
                         parts.append(part)
-                        rows = list(range(start, start + len(part)))
-                        calls.append(
-                            pool.submit(judge, rows, part.outputs, part.records, part.prompt_ids)
+                        stream.send(
+                            range(start, start + len(part)), *(getattr(part, f) for f in FIELDS)
                         )
                     r = Rollout.concat(parts)
             self._acc["gen_s"] += time.perf_counter() - t0
             t1 = time.perf_counter()
             with timer("reward"):  # what is left of judging once generation is done
-                results, error = [], None
-                for f in calls:
-                    try:
-                        if (got := f.result()) is not None:
-                            results.append(got)
-                    except Exception as e:  # noqa: BLE001 - agreed on below, then raised
-                        error = error or e
+                results, error = stream.results()
             self._acc["reward_s"] += time.perf_counter() - t1
+        finally:
+            stream.close()
         self._acc["chunks"] += len(results)
         from mmyatt.rewards.judge_client import JudgeError
 
