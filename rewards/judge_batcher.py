@@ -195,21 +195,25 @@ class Batcher:
         t0 = time.perf_counter()
         with self.model_lock:
             if self.model is not None:
-                self.model = None
-                import gc
-
-                gc.collect()
-                # what survives a full collection is long-lived (the server, its imports):
-                # moved out of the collector's sight, so the next sleep scans only what
-                # was made since (the reloaded model): ~0.25 s less per release
-                gc.freeze()
-                from mmyatt.placement.resources import release_free_memory
-
-                release_free_memory()
+                self._drop_locked()
                 with self.lock:
                     self.stats["sleeps"] += 1
                     self.stats["sleeping"] = True
         return time.perf_counter() - t0
+
+    def _drop_locked(self) -> None:
+        """Drop the model and give its memory back (``model_lock`` held)."""
+        import gc
+
+        from mmyatt.placement.resources import release_free_memory
+
+        self.model = None
+        gc.collect()
+        # what survives a full collection is long-lived (the server, its imports): moved
+        # out of the collector's sight, so the next drop scans only what was made since
+        # (the reloaded model): ~0.25 s less per release
+        gc.freeze()
+        release_free_memory()
 
     def settle(self) -> float:
         """Drop the weights, collect once and freeze what survives, then reload: a server
@@ -219,13 +223,9 @@ class Batcher:
         judge given as an object."""
         if self.loader is None:
             return 0.0
-        import gc
-
         t0 = time.perf_counter()
         with self.model_lock:
-            self.model = None
-            gc.collect()
-            gc.freeze()
+            self._drop_locked()
             self.model = self.loader()
         return time.perf_counter() - t0
 
