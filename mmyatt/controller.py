@@ -92,7 +92,7 @@ class Controller:
 
         # which cores each phase runs on (placement.*), which records each call generates
         self.placement = Placement(
-            cfg, dist, shard, streams_groups=getattr(self.policy, "streams_finished_groups", False)
+            cfg, dist, shard, streams_finished=getattr(self.policy, "streams_finished", False)
         )
         if cfg.model.ema_decay is not None:
             require(policy, EMA, f"model.ema_decay={cfg.model.ema_decay}")

@@ -58,13 +58,16 @@ class Sampling:
     # the other groups come back cut short. 0: decode until every sample has finished.
     complete_groups: int = 0
     must_finish: tuple[int, ...] = ()
-    # text/VLM streaming (placement partial): called during decoding with the indices of
-    # the prompt groups whose every sample has just finished (stop token or stop string)
-    # and their completions (group_size texts per group, in order), while the other
-    # groups go on decoding; groups cut by the budget are not reported
-    on_groups_done: Callable[[list[int], list[str]], None] | None = field(
+    # text/VLM streaming (placement partial): ``on_finished(rows, texts)`` is called during
+    # decoding with rows of this call (indices into its samples) that have just finished
+    # (stop token or stop string) and their completions, while the others go on decoding.
+    # finished_unit "group": a prompt group's rows once all of them have finished (for
+    # rewards that compare a group's samples); "sample": each row as it finishes. Rows the
+    # budget cuts are not reported.
+    on_finished: Callable[[list[int], list[str]], None] | None = field(
         default=None, compare=False, repr=False
     )
+    finished_unit: str = "group"
 
 
 @runtime_checkable

@@ -134,7 +134,8 @@ def decode(
     stop_hits: Callable[[Tensor, int, Tensor], Tensor] | None = None,
     complete_groups: int = 0,
     must_finish: tuple[int, ...] = (),
-    on_groups_done: Callable[[list[int], Tensor, Tensor], None] | None = None,
+    on_finished: Callable[[list[int], Tensor, Tensor], None] | None = None,
+    finished_unit: str = "group",
 ) -> Decoded:
     """Sample up to ``max_new_tokens`` tokens per row.
 
@@ -147,10 +148,13 @@ def decode(
     ``complete_groups`` > 0 (over-dispatch): stop once that many groups have all their
     rows finished and so have the groups ``must_finish``; the other rows are cut short
     (neither stopped nor at the budget).
-    ``on_groups_done(groups, actions, mask)``: called at the step where every row of
-    each group in ``groups`` has finished (never for rows the budget cuts), with the
-    buffers as they stand (the rows of those groups are final).
+    ``on_finished(rows, actions, mask)``: called at the step where ``rows`` finished,
+    with the buffers as they stand (those rows are final); never for rows the budget
+    cuts. ``finished_unit`` "group": a group's rows once every one of them has finished;
+    "sample": each row as it finishes.
     """
+    if finished_unit not in ("group", "sample"):
+        raise ValueError(f"finished_unit must be 'group' or 'sample', not {finished_unit!r}")
     N, V = first_logits.shape
     A, device = max_new_tokens, first_logits.device
     actions = torch.full((N, A), pad_id, dtype=torch.long, device=device)
@@ -178,11 +182,15 @@ def decode(
             hit |= stop_hits(actions, t, live & ~hit)
         stopped |= hit
         finished |= hit
-        if on_groups_done is not None and bool(hit.any()):
-            new = finished.view(-1, group).all(1) & ~reported
-            if bool(new.any()):
-                reported |= new
-                on_groups_done(new.nonzero().flatten().tolist(), actions, mask)
+        if on_finished is not None and bool(hit.any()):
+            if finished_unit == "sample":
+                on_finished(hit.nonzero().flatten().tolist(), actions, mask)
+            else:
+                new = finished.view(-1, group).all(1) & ~reported
+                if bool(new.any()):
+                    reported |= new
+                    rows = (new.nonzero() * group + torch.arange(group, device=device)).flatten()
+                    on_finished(rows.tolist(), actions, mask)
         if t == A - 1 or bool(finished.all()):
             break
         if complete_groups and bool(hit.any()):
@@ -209,14 +217,13 @@ def sample(
     ``_banned``, ``eos_ids``, ``pad_id``), its stop strings (``sampling.stop``), greedy /
     top-p from ``sampling``, then the completions as text (each cut at its mask) and the
     adapter's ``samples_generated`` / ``tokens_generated`` counters updated. ``options``
-    go to :func:`decode` (``complete_groups``, ``must_finish``). ``sampling.on_groups_done``
-    receives each finished group's completions as text, as they will be returned."""
+    go to :func:`decode` (``complete_groups``, ``must_finish``). ``sampling.on_finished``
+    receives the finished rows' completions as text, as they will be returned."""
     report = None
-    if sampling.on_groups_done is not None:
+    if sampling.on_finished is not None:
 
-        def report(groups: list[int], actions: Tensor, mask: Tensor) -> None:
-            rows = [g * group + k for g in groups for k in range(group)]
-            sampling.on_groups_done(groups, as_text(adapter.tokenizer, actions[rows], mask[rows]))
+        def report(rows: list[int], actions: Tensor, mask: Tensor) -> None:
+            sampling.on_finished(rows, as_text(adapter.tokenizer, actions[rows], mask[rows]))
 
     res = decode(
         first_logits,
@@ -231,7 +238,8 @@ def sample(
         eos=torch.tensor(sorted(adapter.eos_ids), dtype=torch.long),
         pad_id=adapter.pad_id,
         stop_hits=stop_hook(adapter.tokenizer, sampling.stop),
-        on_groups_done=report,
+        on_finished=report,
+        finished_unit=sampling.finished_unit,
         **options,
     )
     outputs = as_text(adapter.tokenizer, res.actions, res.mask)

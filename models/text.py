@@ -59,8 +59,8 @@ class TextPolicy:
     to nothing at all.
     """
 
-    # generate calls sampling.on_groups_done as groups finish (placement partial streams them)
-    streams_finished_groups = True
+    # generate calls sampling.on_finished as samples finish (placement partial streams them)
+    streams_finished = True
 
     def __init__(
         self,

@@ -74,8 +74,8 @@ class VLMPolicy(VLMInputs):
     given as paths.
     """
 
-    # generate calls sampling.on_groups_done as groups finish (placement partial streams them)
-    streams_finished_groups = True
+    # generate calls sampling.on_finished as samples finish (placement partial streams them)
+    streams_finished = True
 
     def __init__(
         self,

@@ -296,6 +296,12 @@ class GenRMReward:
         }
 
     @property
+    def compares_groups(self) -> bool:
+        """A sample's reward depends on the other samples of its group (pairwise win
+        rates): it can be judged only once its whole group has finished."""
+        return self.mode == "pairwise"
+
+    @property
     def names(self) -> list[str]:
         extra = [f"{self.name}_swap_consistency"] if self.mode == "pairwise" else []
         return [self.name, f"{self.name}_parse_failed", *extra]

@@ -75,6 +75,12 @@ class RewardMixture:
         return cls(terms)
 
     @property
+    def compares_groups(self) -> bool:
+        """Some term's reward of a sample depends on the other samples of its group
+        (placement partial then streams whole groups to the judge, not single samples)."""
+        return any(getattr(source, "compares_groups", False) for _l, source, _w, _z in self.terms)
+
+    @property
     def names(self) -> list[str]:
         """The keys of the parts dict every call returns (a controller with nothing to
         score still reports them, so all ranks sum the same metrics)."""

@@ -196,11 +196,9 @@ def test_static_kv_decode_equals_model_forward_decode(policy, monkeypatch):
     assert torch.allclose(fast.logprobs, slow.logprobs, atol=1e-5)
 
 
-def test_finished_groups_are_reported_once_as_they_finish_with_their_final_text(policy):
-    """``Sampling.on_groups_done`` (placement partial streams groups to the judge with it):
-    every group whose samples all stop is reported once, at the step where its last
-    sample stops, with the text ``generate`` returns for it; a group the budget cuts is
-    never reported; the samples are those of a run without the callback."""
+def _reported(policy, unit):
+    """(plain rollout, streamed rollout, [(rows, texts, decode step)]) with an EOS bonus
+    that lets rows finish apart."""
     A, G = 12, 2
     steps = []  # the decode step of every model call, to place each report in time
     calls = []
@@ -214,24 +212,56 @@ def test_finished_groups_are_reported_once_as_they_finish_with_their_final_text(
         )
         steps.clear()
 
-        def done(groups, texts):
-            calls.append((list(groups), list(texts), len(steps)))
+        def done(rows, texts):
+            calls.append((list(rows), list(texts), len(steps)))
 
-        s = Sampling(max_new_tokens=A, on_groups_done=done)
+        s = Sampling(max_new_tokens=A, on_finished=done, finished_unit=unit)
         r = policy.generate([dict(p) for p in PROMPTS], G, s, [1, 2, 3, 4])
     finally:
         handle.remove()
         counter.remove()
     assert torch.equal(r.actions, plain.actions) and r.outputs == plain.outputs
+    for rows, texts, at in calls:
+        assert texts == [r.outputs[i] for i in rows]
+        # reported at the step its last row stopped: the prefill plus one model call per
+        # action before it
+        last = max(int(r.mask[i].sum()) for i in rows)
+        assert at == last, (rows, at, last)
+    return r, calls
+
+
+def test_finished_groups_are_reported_once_as_they_finish_with_their_final_text(policy):
+    """``Sampling.on_finished`` by group (placement partial streams groups to a judge
+    that compares a group's samples): every group whose samples all stop is reported
+    once, at the step where its last sample stops, with the text ``generate`` returns for
+    it; a group the budget cuts is never reported; the samples are those of a run without
+    the callback."""
+    G = 2
+    r, calls = _reported(policy, "group")
     stopped = ~r.truncated
     finished = [g for g in range(len(PROMPTS)) if bool(stopped[g * G : (g + 1) * G].all())]
-    reported = [g for groups, _, _ in calls for g in groups]
+    for rows, _, _ in calls:  # whole groups, in order
+        assert len(rows) % G == 0 and all(rows[k] == rows[k - k % G] + k % G for k in range(len(rows)))
+    reported = [rows[k] // G for rows, _, _ in calls for k in range(0, len(rows), G)]
     assert sorted(reported) == finished and len(set(reported)) == len(reported)
     assert len(finished) >= 2, "the EOS bonus should let several groups finish"
-    for groups, texts, at in calls:
-        assert texts == [r.outputs[g * G + k] for g in groups for k in range(G)]
-        # reported at the step its last sample stopped: the prefill plus one model call
-        # per action before it
-        last = max(int(r.mask[g * G + k].sum()) for g in groups for k in range(G))
-        assert at == last, (groups, at, last)
     assert len({at for *_, at in calls}) >= 2, "groups that finish apart are reported apart"
+
+
+def test_finished_samples_are_reported_once_each_at_the_step_it_stops(policy):
+    """``Sampling.on_finished`` by sample (a pointwise judge): every row that stops is
+    reported once, at its own step, whatever its group's other rows do; rows the budget
+    cuts are never reported."""
+    G = 2
+    r, calls = _reported(policy, "sample")
+    reported = [i for rows, _, _ in calls for i in rows]
+    stopped = (~r.truncated).nonzero().flatten().tolist()
+    assert sorted(reported) == stopped and len(set(reported)) == len(reported)
+    for rows, _, at in calls:  # a row's own stop step, not its group's last
+        assert all(int(r.mask[i].sum()) == at for i in rows), (rows, at)
+    # some row went before its group's last row: per sample is not per group
+    assert any(
+        at < max(int(r.mask[j].sum()) for j in range(i - i % G, i - i % G + G))
+        for rows, _, at in calls
+        for i in rows
+    )

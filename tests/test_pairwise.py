@@ -158,3 +158,16 @@ def test_verdict_derived_from_yes_probabilities():
     assert parts["genrm_swap_consistency"].tolist() == [1.0] * 5
     with pytest.raises(ValueError, match="verdict"):
         _reward(judge, verdict="coin")
+
+
+def test_only_a_pairwise_term_makes_the_mixture_compare_groups():
+    """Placement partial streams single samples to the judge unless a term's reward of a
+    sample depends on its group (pairwise win rates): then it waits for whole groups."""
+    from mmyatt.rewards.mixture import RewardMixture
+    from mmyatt.rewards.rules import WeightedReward
+
+    rule = ("rule", WeightedReward([{"name": "numeric_match"}]), 1.0, False)
+    pointwise = GenRMReward(PairJudge(), mode="yes_prob", encode=lambda q: f"q:{q}")
+    assert not RewardMixture([rule]).compares_groups
+    assert not RewardMixture([rule, ("genrm", pointwise, 0.5, False)]).compares_groups
+    assert RewardMixture([rule, ("genrm", _reward(PairJudge()), 0.5, False)]).compares_groups

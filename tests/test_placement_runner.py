@@ -156,8 +156,9 @@ class StreamingCtl:
 
         G, N = self.G, len(records) * self.G
         outputs = [f"row {i}" for i in range(N)]
+        assert sampling.finished_unit == "group"  # a reward with no compares_groups: groups
         for g in range(len(records)):
-            sampling.on_groups_done([g], outputs[g * G : (g + 1) * G])
+            sampling.on_finished(list(range(g * G, (g + 1) * G)), outputs[g * G : (g + 1) * G])
             if g == 0:
                 assert self.first_call.wait(5)  # the judge holds group 0
         self.generated.set()
@@ -199,7 +200,7 @@ def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanw
 
     G = 2
     cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
-    pl = Placement(cfg, Dist(), Shard(), streams_groups=True)
+    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
     ctl = StreamingCtl(G)
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     try:
@@ -212,6 +213,72 @@ def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanw
     assert m["placement/judge_calls"] == 2
     torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
     torch.testing.assert_close(r.reward_parts["row"], torch.arange(8, dtype=torch.float32))
+
+
+class PointwiseCtl(StreamingCtl):
+    """Reports single samples, out of group order; its reward is pointwise
+    (``compares_groups`` False), so partial streams samples, not groups."""
+
+    ORDER = [3, 0, 5, 1, 2, 4, 6, 7]
+
+    def __init__(self, G: int):
+        super().__init__(G)
+        outer = self
+
+        class Pointwise:
+            compares_groups = False
+
+            def __call__(self, outputs, records, ids):
+                return StreamingCtl.reward(outer, outputs, records, ids)
+
+        self.reward = Pointwise()
+
+    def generate(self, records, sampling):
+        import torch
+
+        from mmyatt.rollout import Rollout
+
+        assert sampling.finished_unit == "sample"
+        N = len(records) * self.G
+        outputs = [f"row {i}" for i in range(N)]
+        for k, i in enumerate(self.ORDER):
+            sampling.on_finished([i], [outputs[i]])
+            if k == 0:
+                assert self.first_call.wait(5)  # the judge holds row 3
+        self.generated.set()
+        return Rollout(
+            prompt_ids=[str(r["_index"]) for r in records for _ in range(self.G)],
+            actions=torch.zeros(N, 1),
+            logprobs=torch.zeros(N, 1),
+            mask=torch.ones(N, 1),
+            context={},
+            outputs=outputs,
+            records=[r for r in records for _ in range(self.G)],
+        )
+
+
+def test_partial_streams_single_samples_to_a_pointwise_judge():
+    """A pointwise reward: each sample goes to the judge as it finishes, without waiting
+    for its group (row 3 alone, before row 2 of its group); what finishes while the
+    judge answers goes in the next call; the rewards come back in row order."""
+    import torch
+
+    from mmyatt.protocols import Sampling
+
+    G = 2
+    cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
+    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    ctl = PointwiseCtl(G)
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+        m = pl.end_step()
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)
+    assert ctl.batches == [[3], [0, 5, 1, 2, 4, 6, 7]]
+    assert m["placement/judge_calls"] == 2
+    torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
 
 
 class JudgeSpy:
@@ -245,7 +312,7 @@ def test_the_judge_is_placed_before_it_reloads_its_weights():
     from mmyatt.protocols import Sampling
 
     cfg = load_config(None, ["placement.mode=partial", "sampling.group_size=2"])
-    pl = Placement(cfg, Dist(), Shard(), streams_groups=True)
+    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
     pl.judges = spy = JudgeSpy()
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     try:

@@ -10,9 +10,10 @@ the update. Per mode:
   and scores on every core while the controllers wait; its weights are dropped again;
   training takes every core.
 - partial: controllers generate on the rollout cores while the judge serves on the
-  judge cores; each finished chunk of ``stream_groups`` prompt groups is scored at once
-  (a background thread sends it), so judging overlaps generation; training then takes
-  every core. The judge keeps its weights (on CPU an idle judge uses no core).
+  judge cores; each sample (each prompt group, for rewards that compare a group's
+  samples) goes to the judge as it finishes (a background thread sends it), so judging
+  overlaps generation; training then takes every core. The judge keeps its weights (on
+  CPU an idle judge uses no core).
 - auto: one of the above per step, chosen by ``AutoPlacer`` from measured costs.
 
 Every mode scores the same samples with the same seeds: generation is seeded per prompt
@@ -85,7 +86,7 @@ class JudgeStream:
 
 
 class Placement:
-    def __init__(self, cfg, dist, shard=None, log=print, streams_groups: bool = False):
+    def __init__(self, cfg, dist, shard=None, log=print, streams_finished: bool = False):
         p = cfg.placement
         self.cfg, self.dist, self.mode = cfg, dist, p.mode
         # processes that train: a Megatron model-parallel group (train.tensor_parallel /
@@ -99,11 +100,11 @@ class Placement:
             ro.over_dispatch_ratio, shard, reuse=ro.reuse_unused_prompts, max_carries=ro.max_carries
         )
         self.log = log if dist.is_main else (lambda *a, **k: None)
-        # partial sends each prompt group to the judge the moment its samples finish, from
-        # inside one generate call (the policy's ``streams_finished_groups``: text and VLM
+        # partial sends each sample (or prompt group) to the judge the moment it finishes,
+        # from inside one generate call (the policy's ``streams_finished``: text and VLM
         # adapters); otherwise (flow models, vLLM, over-dispatch) it generates chunks of
         # placement.stream_groups groups, one call each, and sends each chunk
-        self.streams_groups = streams_groups and not self.dispatch.active
+        self.streams = streams_finished and not self.dispatch.active
         self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
             cfg.reward.judge.model or cfg.reward.judge.urls
         )
@@ -143,7 +144,7 @@ class Placement:
                 explore_margin=p.explore_margin,
                 judge_threads=self.judge_threads,
                 # partial's judge calls per step
-                chunks=groups if self.streams_groups else -(-groups // p.stream_groups),
+                chunks=groups if self.streams else -(-groups // p.stream_groups),
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
@@ -207,14 +208,15 @@ class Placement:
     def _generate(self, ctl, n: int, sampling, stream=None):
         """``n`` prompt groups: the next records (over-dispatched when
         rollout.over_dispatch_ratio > 1, then cut to the first ``n`` complete groups).
-        ``stream(records)``: the ``on_groups_done`` callback for these records."""
+        ``stream``: (the ``on_finished`` callback for these records, its unit)."""
         d = self.dispatch
         records = d.draw(n)
         if d.active:
             must = d.must_finish(records)
             sampling = replace(sampling, complete_groups=n, must_finish=must)
         elif stream is not None:
-            sampling = replace(sampling, on_groups_done=stream(records))
+            send, unit = stream
+            sampling = replace(sampling, on_finished=send(records), finished_unit=unit)
         r = ctl.generate(records, sampling)
         r, used = d.select(r, records, n, sampling.max_new_tokens)
         ctl.consumed += [rec["_index"] for rec in used]
@@ -320,21 +322,22 @@ class Placement:
         t0 = time.perf_counter()
         try:
             with timer("generate"):
-                if self.streams_groups:  # each group as its samples finish
+                if self.streams:  # each sample (or group) as it finishes
                     reported: set[int] = set()
+                    # a reward comparing a group's samples (pairwise) waits for the group
+                    unit = "group" if getattr(ctl.reward, "compares_groups", True) else "sample"
 
                     def on_done(records):
-                        def send(groups, texts):
-                            reported.update(groups)
-                            recs = [records[g] for g in groups for _ in range(G)]
-                            ids = [prompt_id(records[g], g) for g in groups for _ in range(G)]
-                            rows = [g * G + k for g in groups for k in range(G)]
+                        def send(rows, texts):
+                            reported.update(rows)
+                            recs = [records[i // G] for i in rows]
+                            ids = [prompt_id(records[i // G], i // G) for i in rows]
                             stream.send(rows, texts, recs, ids)
 
                         return send
 
-                    r = self._generate(ctl, n, sampling, stream=on_done)
-                    cut = [i for i in range(len(r)) if i // G not in reported]  # the budget's
+                    r = self._generate(ctl, n, sampling, stream=(on_done, unit))
+                    cut = [i for i in range(len(r)) if i not in reported]  # the budget's
                     if cut:
                         stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
                 else:  # chunks of placement.stream_groups groups, one generate call each
