@@ -241,7 +241,9 @@ def test_finished_groups_are_reported_once_as_they_finish_with_their_final_text(
     stopped = ~r.truncated
     finished = [g for g in range(len(PROMPTS)) if bool(stopped[g * G : (g + 1) * G].all())]
     for rows, _, _ in calls:  # whole groups, in order
-        assert len(rows) % G == 0 and all(rows[k] == rows[k - k % G] + k % G for k in range(len(rows)))
+        assert len(rows) % G == 0 and all(
+            rows[k] == rows[k - k % G] + k % G for k in range(len(rows))
+        )
     reported = [rows[k] // G for rows, _, _ in calls for k in range(0, len(rows), G)]
     assert sorted(reported) == finished and len(set(reported)) == len(reported)
     assert len(finished) >= 2, "the EOS bonus should let several groups finish"

@@ -10,13 +10,13 @@ one after another, and reads each run's own per-step measurements (metrics.jsonl
   measured percentiles are in the JSON);
 - rollout_heavy: the same policy and lengths, a rule reward only (no judge);
 - drifting: completion lengths grow mid-run, as with a staged length limit (DeepScaleR
-  trains at 8k, then resumes at 16k and 24k): a judge that reads each completion and
-  writes 2 tokens scores ``S`` steps of short completions (at most 8 tokens, the stop
-  characters on), then the run is resumed from its checkpoint writing 96 tokens (no
-  stop characters) for ``S`` more; the judge's call grows with what it reads. Every
-  arm runs the same two segments; colocate's judge phase takes every core (the
-  default), in the colocate arm and under auto alike; auto re-profiles after the
-  restart.
+  trains at 8k, then resumes at 16k and 24k) or as RL responses grow until most are
+  truncated: ``S`` steps of the judge-heavy workload (geometric lengths, at most 48
+  tokens), then the run is resumed from its checkpoint writing 96 tokens (no stop
+  characters: every completion runs to the cap, so none finishes early to be streamed)
+  for ``S`` more. One judge serves both segments, writing ``DRIFT_JUDGE_TOKENS`` tokens
+  after the score template; its call grows with what it reads. Every arm runs the same
+  two segments; auto re-profiles after the restart.
 
 Figures: mean step seconds over the measured steps (the first step of every run or
 segment is warm-up and left out, in every arm alike), ratios of those, per-role idle
@@ -73,10 +73,10 @@ def _base(policy: Path, steps: int) -> list[str]:
     ]
 
 
-def _judge(judge: Path) -> list[str]:
+def _judge(judge: Path, tokens: int = JUDGE_TOKENS) -> list[str]:
     return [
         "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {JUDGE_TOKENS}}}}}]",
+        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {tokens}}}}}]",
         f"reward.judge.model={judge}",
         "reward.judge.max_batch=64",
     ]
@@ -84,26 +84,14 @@ def _judge(judge: Path) -> list[str]:
 
 RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
 
-# drifting: the segments' sampling (the judge reads the completions: its call grows too)
+# drifting: the segments' sampling. First the judge-heavy workload's geometric lengths;
+# then every completion runs to a doubled cap, as when response length grows until
+# truncation dominates (the judge reads the longer completions: its call grows too)
+DRIFT_JUDGE_TOKENS = 4  # a judge that answers with a short score
 DRIFT = {
-    "short": ["sampling.max_new_tokens=8"],
+    "short": [],
     "long": ["sampling.max_new_tokens=96", "sampling.stop=[]"],
 }
-DRIFT_TEMPLATE = "Q: {prompt}\nA: {output}\nScore:"  # the judge reads mostly the completion
-
-
-def _drift_judge(judge: Path, tmp: Path) -> list[str]:
-    """The drifting workload's reward: the rule and a judge writing 2 tokens after a
-    short template; colocate's judge phase on every core (placement.judge_threads=0)."""
-    template = tmp / "drift_template.txt"
-    template.write_text(DRIFT_TEMPLATE)
-    return [
-        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        f"kwargs: {{mode: score, template: {template}, max_tokens: 2}}}}]",
-        f"reward.judge.model={judge}",
-        "reward.judge.max_batch=64",
-        "placement.judge_threads=0",
-    ]
 
 
 def _train(run_dir: Path, overrides: list[str]) -> None:
@@ -368,6 +356,8 @@ def bench_placement(
             "stream_groups": 2,  # = placement.stream_groups in _base
             "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
             "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
+            "judge_tokens_per_sample_drifting": DRIFT_JUDGE_TOKENS,
+            "streaming": "text policy, pointwise judge: each sample as it finishes",
         }
     )
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
@@ -397,7 +387,9 @@ def bench_placement(
                     name = f"{wl}_{mode}_r{k}"
                     arm_base = base + [f"placement.mode={mode}"]
                     if wl == "drifting":
-                        arm = _drift_arm(tmp, name, arm_base, _drift_judge(judge, tmp), seg)
+                        arm = _drift_arm(
+                            tmp, name, arm_base, _judge(judge, DRIFT_JUDGE_TOKENS), seg
+                        )
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = _judge(judge) if wl == "judge_heavy" else RULE
