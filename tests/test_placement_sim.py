@@ -119,3 +119,44 @@ def test_calibrate_reads_each_role_from_the_arm_that_ran_it(tmp_path):
     )
     assert row["predicted_step_s"] == pytest.approx(1.0 + 3.0 + 0.4)
     assert [r["gpus"] for r in out["at_scale"]] == [8, 64]
+
+
+def test_finish_fractions_hand_worked():
+    # half the samples run to the cap of 2 tokens: P(length > t) = q^t with q^2 = 1/2;
+    # quantiles 1/8, 3/8, 5/8, 7/8 -> lengths log(1 - u) / log(q) = 0.385 (at least 1),
+    # 1.356, 2.83 (cap 2), 6 (cap 2); the batch decodes 2 steps
+    from mmyatt.placement.simulate import finish_fractions
+
+    got = finish_fractions(4, mean=0.0, truncated=0.5, cap=2)
+    assert got == pytest.approx([0.5, 1.356 / 2, 1.0, 1.0], abs=1e-3)
+    # no truncation measured: the mean gives q = 1 - 1/mean
+    assert finish_fractions(2, mean=2.0, truncated=0.0, cap=100) == pytest.approx([0.5, 1.0])
+
+
+def test_calibrate_streams_single_samples_where_partial_did():
+    from mmyatt.placement.simulate import calibrate, finish_fractions
+
+    arm = {
+        "phase_s": {"gen_s": 4.0, "judge_busy_s": 3.0, "train_s": 0.5},
+        "judge_reload_s": 0.0,
+        "step_s": 5.0,
+        "response_length_mean": 10.0,
+        "response_truncated_frac": 0.1,
+    }
+    measured = {
+        "stream_groups": 2,
+        "max_new_tokens": 20,
+        "streaming": "text policy, pointwise judge: each sample as it finishes",
+        "judge_heavy": {"colocate": arm, "partial": arm},
+    }
+    p = calibrate(measured, "judge_heavy")
+    # 32 samples per controller, one chunk each, costs the gaps between finish times of
+    # 2 core-s of generation (two controllers shared one core for 4 s)
+    at = finish_fractions(32, 10.0, 0.1, 20)
+    assert p.samples_per_chunk == 1 and len(p.chunk_gen_s) == 2
+    assert p.chunk_gen_s[0] == pytest.approx([2.0 * (b - a) for a, b in zip([0.0, *at], at)])
+    assert sum(p.chunk_gen_s[1]) == pytest.approx(2.0)
+    assert p.judge_sample_s == pytest.approx(3.0 / 64)
+    # without the streaming key: chunks of 2 prompt groups
+    del measured["streaming"]
+    assert calibrate(measured, "judge_heavy").chunk_gen_s == [[1.0, 1.0], [1.0, 1.0]]

@@ -357,6 +357,7 @@ def bench_placement(
             "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
             "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
             "judge_tokens_per_sample_drifting": DRIFT_JUDGE_TOKENS,
+            "max_new_tokens": 48,  # = sampling.max_new_tokens in _base
             "streaming": "text policy, pointwise judge: each sample as it finishes",
         }
     )

@@ -134,6 +134,24 @@ def simulate(p: Profile, mode: str, units: int, rollout: int = 0, judge: int = 0
 # ------------------------------------------------------------------ calibration
 
 
+def finish_fractions(n: int, mean: float, truncated: float, cap: int) -> list[float]:
+    """When each of a batch's ``n`` samples finishes, as a fraction of the batch's decode
+    time, in order: lengths geometric (a stop token or string ends a completion with the
+    same chance at every token) with the measured share ``truncated`` running to ``cap``
+    tokens (else the measured ``mean``), taken at the quantiles (k - 1/2) / n; the batch
+    decodes until its longest sample stops."""
+    import math
+
+    if 0.0 < truncated < 1.0:
+        q = truncated ** (1.0 / cap)  # P(length > cap) = q ** cap
+    else:
+        q = 1.0 - 1.0 / max(mean, 1.0)
+    lengths = [
+        min(cap, max(1.0, math.log(1.0 - (k + 0.5) / n) / math.log(q))) for k in range(n)
+    ]
+    return [x / lengths[-1] for x in lengths]
+
+
 def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     """A profile from a placement bench JSON. Per-role costs come from the arms that
     ran each role in that shape: batched generation from colocate (one core per
@@ -146,7 +164,10 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     bench runs it) at partial's per-sample cost. Nothing is fitted to step times, and
     nothing is read from the shared arm: what the simulator adds
     is how the phases compose (series, barrier, streaming overlap, queueing), and
-    every overhead it does not model shows up as error."""
+    every overhead it does not model shows up as error. Where partial streamed each
+    sample as it finished (``streaming`` in the JSON), partial's chunks are single
+    samples arriving at :func:`finish_fractions` of the measured lengths; else chunks
+    of ``stream_groups`` prompt groups."""
     arms = measured[workload]
     colo, part = arms["colocate"], arms["partial"]
     prompts = 8 // controllers
@@ -157,8 +178,18 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     judge1 = part["phase_s"]["judge_busy_s"] or 0.0
     judge2 = colo["phase_s"]["judge_busy_s"] or 0.0
     has_judge = judge1 > 0 and workload != "rollout_heavy"
+    per_chunk = [core_s / chunks] * chunks
+    if "each sample" in str(measured.get("streaming", "")) and has_judge:
+        at = finish_fractions(
+            samples,
+            part.get("response_length_mean") or 1.0,
+            part.get("response_truncated_frac") or 0.0,
+            int(measured.get("max_new_tokens", 48)),
+        )
+        per_chunk = [core_s * (b - a) for a, b in zip([0.0, *at[:-1]], at)]
+        chunks = samples
     return Profile(
-        chunk_gen_s=[[core_s / chunks] * chunks for _ in range(controllers)],
+        chunk_gen_s=[list(per_chunk) for _ in range(controllers)],
         batch_gen_s=[[colo["phase_s"]["gen_s"]] for _ in range(controllers)],
         samples_per_chunk=samples // chunks,
         judge_sample_s=judge1 / (samples * controllers) if has_judge else 0.0,
@@ -198,7 +229,8 @@ def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = 
             )
     out["validation"] = rows
     out["max_abs_error"] = max(abs(r["error"]) for r in rows)
-    out["at_scale"] = at_scale(calibrate(measured, "judge_heavy"), quick)
+    # at scale: chunks of prompt groups (8 per GPU), the measured cost per sample
+    out["at_scale"] = at_scale(calibrate({**measured, "streaming": ""}, "judge_heavy"), quick)
     return out
 
 
