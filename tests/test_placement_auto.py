@@ -228,3 +228,30 @@ def test_a_measured_plan_wins_a_tie_with_a_prediction_derived_from_it():
     line = out[-1][1]
     # 1.0 + 0.5 + 1.0 measured; at best 1.0 + 0.25 + 1.0
     assert line == "profiled: auto measures colocate (at best 2.25s, against shared 2.50s)", line
+
+
+def test_streamable_chunks_hand_worked():
+    from mmyatt.placement.auto import streamable
+
+    assert streamable(4, 0.0) == 4  # nothing cut: every configured chunk
+    assert streamable(4, 0.03) == 4  # 1 in 33 cut: still 4
+    assert streamable(4, 0.5) == 2  # half the judging waits for generation to end
+    assert streamable(4, 1.0) == 1  # every sample runs to the budget: nothing overlaps
+
+
+@pytest.mark.parametrize("cut,expect", [(0.0, 6.0), (0.5, 7.0), (1.0, 9.0)])
+def test_auto_does_not_try_partial_when_the_budget_cuts_the_samples(cut, expect):
+    """As above with 4 chunks configured, but shared measured a share ``cut`` of its
+    samples cut by the token budget; those reach partial's judge only when generation
+    ends: half cut, 2 chunks overlap: max(4 + 2, 4 + 2) + 1 = 7 s, not under 0.97 x 7;
+    all cut, 4 + 4 + 1 = 9 s. Only with nothing cut is partial measured."""
+    shared = _measure("shared", 2, 2, gen=2.0, judge=4.0, threads=1)
+    shared.cut_frac = cut
+    a = AutoPlacer(
+        PLANS, has_judge=True, start_partial=PARTIAL, profile=2, every=100,
+        judge_threads=threads(), chunks=4,
+    )  # fmt: skip
+    _run(a, [shared] * 3)
+    plan, _ = a.next_plan()
+    assert a.predictions["partial 1:1"] == pytest.approx(expect)
+    assert plan == (PARTIAL if cut == 0.0 else SHARED)

@@ -327,3 +327,26 @@ def test_the_judge_is_placed_before_it_reloads_its_weights():
     finally:
         res.pin_process(cores)
         torch.set_num_threads(threads)
+
+
+def test_auto_measures_the_share_of_samples_the_budget_cut():
+    """Every step tells auto which share of its samples ran to the token budget (partial
+    sends those only when generation ends: mmyatt/placement/auto.py ``streamable``)."""
+    import torch
+
+    class Cut(list):
+        truncated = None
+
+    class CutCtl(Ctl):
+        def generate(self, records, sampling):
+            r = Cut(records * 2)  # 2 groups of 2 samples
+            r.truncated = torch.tensor([True, False, False, False])
+            return r
+
+    cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
+    pl = Placement(cfg, Dist(), shard=Shard())
+    for _ in range(2):  # a warm-up step (not measured), then a measured one
+        assert pl.auto.model.cut == 0.0
+        pl.generate_and_score(CutCtl(), 2, SAMPLING, PhaseTimer())
+        pl.end_step()
+    assert pl.auto.model.cut == pytest.approx(0.25)

@@ -14,7 +14,9 @@ judge per (mode, judge threads), and predicts
   placement.judge_threads, one per core by default)
 - partial on r + j cores: pipeline(gen(r), judge(j), chunks) + train + rest_partial,
   where the judge scores each finished chunk while the next one is generated:
-  pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks
+  pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks; samples
+  the token budget cuts (a measured share c) are sent when generation ends, so n is at
+  most 1 / c (every sample cut: g + J)
 
 A time not measured at its own key is derived from a measurement of the same mode,
 else of the nearest core or thread count, among equals one that ran the role the same
@@ -59,12 +61,22 @@ class Measure:
     step_s: float
     chunks: int = 1
     judge_threads: int = 0  # the judge's threads in this mode (0: one per judge core)
+    cut_frac: float = 0.0  # share of the samples the token budget cut (text; any mode)
 
 
 def pipeline(g: float, judge: float, n: int) -> float:
     """Time for generation (g) and judging (judge) of n equal chunks, streamed."""
     n = max(1, n)
     return max(g + judge / n, judge + g / n)
+
+
+def streamable(chunks: int, cut: float) -> int:
+    """The chunks partial can overlap with generation when a share ``cut`` of the
+    samples run to the token budget: those are sent only when generation ends, so at
+    least that share of the judging waits for it (every sample cut: nothing overlaps)."""
+    if cut <= 0:
+        return max(1, chunks)
+    return max(1, min(chunks, int(1.0 / cut)))
 
 
 def _overlapped(mode: str) -> bool:
@@ -85,6 +97,7 @@ class CostModel:
     train: float | None = None
     rest: dict[str, float] = field(default_factory=dict)  # mode -> s
     chunks: int = 1
+    cut: float = 0.0  # the latest measured share of samples cut by the token budget
     # the judge's threads in a plan (shared: reward.judge.threads, colocate:
     # placement.judge_threads); default one per judge core
     threads_of: Callable[[CorePlan], int] | None = None
@@ -131,6 +144,7 @@ class CostModel:
             self.reload = m.reload_s if self.reload == 0 else 0.5 * (self.reload + m.reload_s)
         self.train = m.train_s if self.train is None else 0.5 * (self.train + m.train_s)
         self.chunks = max(1, m.chunks) if m.mode == "partial" else self.chunks
+        self.cut = m.cut_frac
         model = self._phases(m.mode, m.rollout_cores, threads)
         if model is not None and not self._suspect:  # not while a role's move is unconfirmed
             rest = max(0.0, m.collect_s - model)
@@ -185,7 +199,7 @@ class CostModel:
             return g + jt
         if mode == "colocate":
             return g + (self.reload if self.has_judge else 0.0) + jt
-        return pipeline(g, jt, self.chunks) if self.has_judge else g
+        return pipeline(g, jt, streamable(self.chunks, self.cut)) if self.has_judge else g
 
     def threads(self, plan: CorePlan) -> int:
         return self.threads_of(plan) if self.threads_of is not None else len(plan.judge)

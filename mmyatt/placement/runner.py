@@ -168,6 +168,7 @@ class Placement:
     def _begin_step(self) -> None:
         self._in_step = True
         self._acc = {"gen_s": 0.0, "reward_s": 0.0, "wait_s": 0.0, "chunks": 0.0}
+        self._acc.update(cut=0.0, samples=0.0)  # samples the token budget cut, of all
         self._peaks = {}
         self._t0 = time.perf_counter()
         self._cpu0 = res.cpu_seconds()
@@ -246,6 +247,9 @@ class Placement:
         else:
             r = self._colocate(ctl, n, sampling, timer, plan)
         self._collect_end = time.perf_counter()
+        if getattr(r, "truncated", None) is not None:
+            self._acc["cut"] += float(r.truncated.sum())
+            self._acc["samples"] += len(r)
         return r
 
     def _unpin(self, plan: CorePlan) -> None:
@@ -426,6 +430,8 @@ class Placement:
             "gen_s": self._acc["gen_s"],
             "train_s": train_s,
             "chunks": self._acc["chunks"],
+            "cut": self._acc["cut"],
+            "samples": self._acc["samples"],
         }
         for name, v in self._peaks.items():
             local[f"peak_{name}"] = v
@@ -487,6 +493,7 @@ class Placement:
                 step_s=step,
                 chunks=int(total["chunks"] / W),
                 judge_threads=self.judge_threads(plan),
+                cut_frac=total["cut"] / total["samples"] if total["samples"] else 0.0,
             )
             self.auto.observe(m)
         return out

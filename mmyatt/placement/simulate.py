@@ -146,9 +146,7 @@ def finish_fractions(n: int, mean: float, truncated: float, cap: int) -> list[fl
         q = truncated ** (1.0 / cap)  # P(length > cap) = q ** cap
     else:
         q = 1.0 - 1.0 / max(mean, 1.0)
-    lengths = [
-        min(cap, max(1.0, math.log(1.0 - (k + 0.5) / n) / math.log(q))) for k in range(n)
-    ]
+    lengths = [min(cap, max(1.0, math.log(1.0 - (k + 0.5) / n) / math.log(q))) for k in range(n)]
     return [x / lengths[-1] for x in lengths]
 
 
