@@ -149,6 +149,12 @@ class StreamingCtl:
         self.first_call = threading.Event()
         self.generated = threading.Event()
 
+    UNIT = "group"  # a reward with no ``compares_groups``: partial streams groups
+
+    def units(self, n: int) -> list[list[int]]:
+        """The rows reported finished, call by call."""
+        return [list(range(g * self.G, (g + 1) * self.G)) for g in range(n // self.G)]
+
     def generate(self, records, sampling):
         import torch
 
@@ -156,11 +162,11 @@ class StreamingCtl:
 
         G, N = self.G, len(records) * self.G
         outputs = [f"row {i}" for i in range(N)]
-        assert sampling.finished_unit == "group"  # a reward with no compares_groups: groups
-        for g in range(len(records)):
-            sampling.on_finished(list(range(g * G, (g + 1) * G)), outputs[g * G : (g + 1) * G])
-            if g == 0:
-                assert self.first_call.wait(5)  # the judge holds group 0
+        assert sampling.finished_unit == self.UNIT
+        for k, rows in enumerate(self.units(N)):
+            sampling.on_finished(rows, [outputs[i] for i in rows])
+            if k == 0:
+                assert self.first_call.wait(5)  # the judge holds the first report
         self.generated.set()
         return Rollout(
             prompt_ids=[str(r["_index"]) for r in records for _ in range(G)],
@@ -190,25 +196,31 @@ class StreamingCtl:
         return r
 
 
+def _partial_step(ctl, G: int = 2):
+    """One partial step of 4 prompt groups with a streaming policy: (rollout, metrics)."""
+    import torch
+
+    from mmyatt.protocols import Sampling
+
+    cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
+    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+        return r, pl.end_step()
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)
+
+
 def test_partial_sends_the_first_group_at_once_and_coalesces_what_finishes_meanwhile():
     """Partial with a streaming policy: group 0 goes to the judge alone the moment it
     finishes; groups 1, 2 and 3, finished while the judge answers it, go in one call;
     the rewards come back in the rollout's row order."""
     import torch
 
-    from mmyatt.protocols import Sampling
-
-    G = 2
-    cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
-    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
-    ctl = StreamingCtl(G)
-    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
-    try:
-        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
-        m = pl.end_step()
-    finally:
-        res.pin_process(cores)
-        torch.set_num_threads(threads)
+    ctl = StreamingCtl(2)
+    r, m = _partial_step(ctl)
     assert ctl.batches == [[0, 1], [2, 3, 4, 5, 6, 7]]
     assert m["placement/judge_calls"] == 2
     torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
@@ -219,6 +231,7 @@ class PointwiseCtl(StreamingCtl):
     """Reports single samples, out of group order; its reward is pointwise
     (``compares_groups`` False), so partial streams samples, not groups."""
 
+    UNIT = "sample"
     ORDER = [3, 0, 5, 1, 2, 4, 6, 7]
 
     def __init__(self, G: int):
@@ -233,28 +246,8 @@ class PointwiseCtl(StreamingCtl):
 
         self.reward = Pointwise()
 
-    def generate(self, records, sampling):
-        import torch
-
-        from mmyatt.rollout import Rollout
-
-        assert sampling.finished_unit == "sample"
-        N = len(records) * self.G
-        outputs = [f"row {i}" for i in range(N)]
-        for k, i in enumerate(self.ORDER):
-            sampling.on_finished([i], [outputs[i]])
-            if k == 0:
-                assert self.first_call.wait(5)  # the judge holds row 3
-        self.generated.set()
-        return Rollout(
-            prompt_ids=[str(r["_index"]) for r in records for _ in range(self.G)],
-            actions=torch.zeros(N, 1),
-            logprobs=torch.zeros(N, 1),
-            mask=torch.ones(N, 1),
-            context={},
-            outputs=outputs,
-            records=[r for r in records for _ in range(self.G)],
-        )
+    def units(self, n: int) -> list[list[int]]:
+        return [[i] for i in self.ORDER]
 
 
 def test_partial_streams_single_samples_to_a_pointwise_judge():
@@ -263,19 +256,8 @@ def test_partial_streams_single_samples_to_a_pointwise_judge():
     judge answers goes in the next call; the rewards come back in row order."""
     import torch
 
-    from mmyatt.protocols import Sampling
-
-    G = 2
-    cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
-    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
-    ctl = PointwiseCtl(G)
-    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
-    try:
-        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
-        m = pl.end_step()
-    finally:
-        res.pin_process(cores)
-        torch.set_num_threads(threads)
+    ctl = PointwiseCtl(2)
+    r, m = _partial_step(ctl)
     assert ctl.batches == [[3], [0, 5, 1, 2, 4, 6, 7]]
     assert m["placement/judge_calls"] == 2
     torch.testing.assert_close(r.rewards, torch.arange(8, dtype=torch.float32))
