@@ -150,7 +150,9 @@ def finish_fractions(n: int, mean: float, truncated: float, cap: int) -> list[fl
     return [x / lengths[-1] for x in lengths]
 
 
-def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
+def calibrate(
+    measured: dict, workload: str, controllers: int = 2, stream_samples: bool | None = None
+) -> Profile:
     """A profile from a placement bench JSON. Per-role costs come from the arms that
     ran each role in that shape: batched generation from colocate (one core per
     controller), chunked generation from partial (the controllers shared one core, so
@@ -162,10 +164,10 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     bench runs it) at partial's per-sample cost. Nothing is fitted to step times, and
     nothing is read from the shared arm: what the simulator adds
     is how the phases compose (series, barrier, streaming overlap, queueing), and
-    every overhead it does not model shows up as error. Where partial streamed each
-    sample as it finished (``streaming`` in the JSON), partial's chunks are single
-    samples arriving at :func:`finish_fractions` of the measured lengths; else chunks
-    of ``stream_groups`` prompt groups."""
+    every overhead it does not model shows up as error. With ``stream_samples`` (by
+    default: where partial streamed each sample as it finished, ``streaming`` in the
+    JSON), partial's chunks are single samples arriving at :func:`finish_fractions` of
+    the measured lengths; else chunks of ``stream_groups`` prompt groups."""
     arms = measured[workload]
     colo, part = arms["colocate"], arms["partial"]
     prompts = 8 // controllers
@@ -177,7 +179,9 @@ def calibrate(measured: dict, workload: str, controllers: int = 2) -> Profile:
     judge2 = colo["phase_s"]["judge_busy_s"] or 0.0
     has_judge = judge1 > 0 and workload != "rollout_heavy"
     per_chunk = [core_s / chunks] * chunks
-    if "each sample" in str(measured.get("streaming", "")) and has_judge:
+    if stream_samples is None:
+        stream_samples = "each sample" in str(measured.get("streaming", ""))
+    if stream_samples and has_judge:
         at = finish_fractions(
             samples,
             part.get("response_length_mean") or 1.0,
@@ -228,7 +232,7 @@ def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = 
     out["validation"] = rows
     out["max_abs_error"] = max(abs(r["error"]) for r in rows)
     # at scale: chunks of prompt groups (8 per GPU), the measured cost per sample
-    out["at_scale"] = at_scale(calibrate({**measured, "streaming": ""}, "judge_heavy"), quick)
+    out["at_scale"] = at_scale(calibrate(measured, "judge_heavy", stream_samples=False), quick)
     return out
 
 
