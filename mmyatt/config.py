@@ -270,6 +270,12 @@ class PlacementConfig:
     # finish, from one generate call; other policies (flow, vLLM) and over-dispatch generate
     # chunks of this many groups, one call each, and send each chunk when it is done
     stream_groups: int = 1
+    # partial: once every controller has generated, the judge takes the rollout's cores too
+    # (all the run's cores and one thread per core) for what is left of its queue
+    widen_judge: bool = True
+    # partial: while generation runs, at most this many samples per judge call (0: all
+    # that wait), so that little is left in a call under way when the judge is widened
+    stream_max_samples: int = 8
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing

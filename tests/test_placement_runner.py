@@ -332,3 +332,109 @@ def test_auto_measures_the_share_of_samples_the_budget_cut():
         pl.generate_and_score(CutCtl(), 2, SAMPLING, PhaseTimer())
         pl.end_step()
     assert pl.auto.model.cut == pytest.approx(0.25)
+
+
+class PlaceSpy(JudgeSpy):
+    """Records each placement (cores, threads) and where generation stood."""
+
+    def __init__(self, ctl):
+        super().__init__()
+        self.ctl, self.placed = ctl, []
+
+    def place(self, cores, threads, reset_peak=False):
+        self.placed.append((sorted(cores), threads, self.ctl.generated.is_set()))
+
+
+@pytest.mark.parametrize("widen", [True, False])
+def test_partial_gives_the_judge_every_core_once_generation_is_done(widen):
+    """Partial: the judge serves on its own cores while the controllers generate; once
+    every controller has generated, it takes the rollout's cores too (every core, one
+    thread per core) for what is left of its queue; placement.widen_judge=false keeps it
+    on its share. The next partial step puts it back on its share."""
+    import torch
+
+    from mmyatt.protocols import Sampling
+
+    cfg = load_config(
+        None,
+        [
+            "placement.mode=partial",
+            "sampling.group_size=2",
+            "placement.cores=[0,1]",
+            f"placement.widen_judge={str(widen).lower()}",
+        ],
+    )
+    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    pl.has_judge = True
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    try:
+        ctls = [StreamingCtl(2), StreamingCtl(2)]
+        pl.judges = spy = PlaceSpy(ctls[0])
+        for ctl in ctls:
+            spy.ctl = ctl
+            pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+            pl.end_step()
+        share, every = (sorted(pl.plan.judge), len(pl.plan.judge)), ([0, 1], 2)
+        assert len(pl.plan.judge) == 1
+        want = [(*share, False)]
+        if widen:
+            want = [(*share, False), (*every, True), (*share, False), (*every, True)]
+        assert spy.placed == want
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)
+
+
+def test_judge_calls_are_capped_while_generation_runs_and_the_rest_goes_in_one():
+    """placement.stream_max_samples: while generation runs a call takes at most that many
+    samples (so the call under way when the judge is widened is short); once generation
+    is done, everything still waiting goes in one call; rewards in row order."""
+    import threading
+
+    from mmyatt.placement.runner import JudgeStream
+
+    held, release, batches = threading.Event(), threading.Event(), []
+
+    def judge(outputs, records, ids):
+        batches.append(list(outputs))
+        if len(batches) == 1:
+            held.set()
+            assert release.wait(5)
+        return list(outputs)
+
+    s = JudgeStream(judge, max_call=2)
+    s.send([0], ["a"], [None], ["p"])
+    assert held.wait(5)
+    s.send([1, 2, 3], ["b", "c", "d"], [None] * 3, ["p"] * 3)
+    s.send([4, 5, 6], ["e", "f", "g"], [None] * 3, ["p"] * 3)
+    release.set()
+    # drain what generation's sends scheduled, then end generation
+    while len(batches) < 3:
+        threading.Event().wait(0.01)
+    s.finish()
+    out, error = s.results()
+    s.close()
+    assert error is None
+    assert batches == [["a"], ["b", "c"], ["d", "e"], ["f", "g"]]
+    assert [rows for rows, _ in out] == [[0], [1, 2], [3, 4], [5, 6]]
+
+
+def test_finish_sends_every_sample_a_capped_stream_left_waiting():
+    """More samples than the cap times the sends: finish() judges the remainder."""
+    from mmyatt.placement.runner import JudgeStream
+
+    batches = []
+
+    def judge(outputs, records, ids):
+        batches.append(list(outputs))
+        return list(outputs)
+
+    s = JudgeStream(judge, max_call=2)
+    s.send(list(range(7)), list("abcdefg"), [None] * 7, ["p"] * 7)
+    s.finish()
+    out, error = s.results()
+    s.close()
+    assert sorted(i for rows, _ in out for i in rows) == list(range(7))
+    assert batches == [["a", "b"], ["c", "d", "e", "f", "g"]]

@@ -359,6 +359,9 @@ def bench_placement(
             "judge_tokens_per_sample_drifting": DRIFT_JUDGE_TOKENS,
             "max_new_tokens": 48,  # = sampling.max_new_tokens in _base
             "streaming": "text policy, pointwise judge: each sample as it finishes",
+            # partial's judge: calls of at most stream_max_samples while generation runs,
+            # then every core for the rest (the config's defaults)
+            "partial_judge": _partial_judge(),
         }
     )
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
@@ -407,6 +410,13 @@ def bench_placement(
     out["balance"] = balance_report()
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def _partial_judge() -> dict:
+    from mmyatt.config import PlacementConfig
+
+    p = PlacementConfig()
+    return {"widen_judge": p.widen_judge, "stream_max_samples": p.stream_max_samples}
 
 
 def _combine(per_round: dict[str, list], wl: str) -> dict:

@@ -134,6 +134,7 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         ("profile_steps", p.profile_steps, 1),
         ("reevaluate_every", p.reevaluate_every, 1),
         ("judge_threads", p.judge_threads, 0),
+        ("stream_max_samples", p.stream_max_samples, 0),
     ):
         if value < low:
             raise _error(f"placement.{key} must be >= {low}, got {value}")

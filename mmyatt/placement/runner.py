@@ -47,27 +47,40 @@ class JudgeStream:
     from one background thread, and a piece sent while the judge answers an earlier call
     waits and goes with the others in the next call. The first piece is judged at once,
     and the judge gets batches as large as the overlap allows (a call per prompt group
-    cost the judge 1.4x the model time of whole-step calls, judge-heavy bench)."""
+    cost the judge 1.4x the model time of whole-step calls, judge-heavy bench).
 
-    def __init__(self, judge):
+    ``max_call`` > 0: while generation runs, a call takes at most that many samples, so
+    the call under way when generation ends is short and what is left goes in one call
+    after :meth:`finish` (on every core, when the judge is widened: a call keeps the
+    thread count it started with)."""
+
+    def __init__(self, judge, max_call: int = 0):
         self._judge = judge
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge")
         self._lock = threading.Lock()
-        self._pending: list[tuple[list, list, list, list]] = []
+        self._pending: list[tuple] = []  # (row, output, record, prompt id) per sample
+        self._cap = max(0, int(max_call))
         self._calls = []
 
     def send(self, rows, outputs, records, ids) -> None:
         """Samples at ``rows`` of the step's rollout, to be judged."""
         with self._lock:
-            self._pending.append((list(rows), list(outputs), list(records), list(ids)))
+            self._pending.extend(zip(rows, outputs, records, ids, strict=True))
+        self._calls.append(self._pool.submit(self._flush))
+
+    def finish(self) -> None:
+        """Generation is over: what is pending goes in one call, whatever ``max_call``."""
+        with self._lock:
+            self._cap = 0
         self._calls.append(self._pool.submit(self._flush))
 
     def _flush(self):
         with self._lock:
-            batch, self._pending = self._pending, []
+            k = self._cap or len(self._pending)
+            batch, self._pending = self._pending[:k], self._pending[k:]
         if not batch:  # an earlier call took it
             return None
-        rows, outputs, records, ids = (sum((b[i] for b in batch), []) for i in range(4))
+        rows, outputs, records, ids = (list(x) for x in zip(*batch, strict=True))
         return rows, self._judge(outputs, records, ids)
 
     def results(self) -> tuple[list, BaseException | None]:
@@ -322,7 +335,7 @@ class Placement:
             out = ctl.reward(outputs, records, ids)
             return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
 
-        stream = JudgeStream(judge)
+        stream = JudgeStream(judge, self.cfg.placement.stream_max_samples)
         t0 = time.perf_counter()
         try:
             with timer("generate"):
@@ -355,6 +368,9 @@ class Placement:
                         )
                     r = Rollout.concat(parts)
             self._acc["gen_s"] += time.perf_counter() - t0
+            if self.has_judge and self.cfg.placement.widen_judge:
+                self._widen_judge(plan, timer)
+            stream.finish()  # the rest in one call (on every core, widened)
             t1 = time.perf_counter()
             with timer("reward"):  # what is left of judging once generation is done
                 results, error = stream.results()
@@ -383,6 +399,17 @@ class Placement:
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
+
+    def _widen_judge(self, plan: CorePlan, timer) -> None:
+        """Partial, generation done on every controller: the rollout's cores would idle
+        until the judge answers, so the judge takes them (every core of the run, one
+        thread per core) for the calls still queued; the next step places it back. The
+        call under way keeps its thread count (torch applies it per call)."""
+        with timer("wait"):
+            t0 = time.perf_counter()
+            self.dist.barrier()  # the last controller has generated
+            self._acc["wait_s"] += time.perf_counter() - t0
+        self._place_judge(plan.cores, len(plan.cores))
 
     # ------------------------------------------------------------------ balancing
     def balance(self, r, timer):
