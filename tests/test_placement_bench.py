@@ -43,3 +43,35 @@ def test_a_drift_whose_best_fixed_mode_stays_is_reported_as_such():
     _derive(out)
     assert out["drifting_best_fixed_per_segment"] == {"short": "shared", "long": "shared"}
     assert out["drifting_best_fixed_changes"] is False
+
+
+def test_auto_choice_is_the_mode_it_ran_most_not_its_last_step():
+    """A re-evaluation may measure another plan for a few steps, even the run's last ones:
+    auto's choice is the mode of most of its measured steps over all rounds."""
+
+    def arm(step_s: float, modes: list[str]) -> dict:
+        return {
+            "step_s": step_s,
+            "total_s": step_s * len(modes),
+            "modes_run": modes,
+            "peak_rss_mb": 1.0,
+            "idle_frac": {},
+            "rollout_s": step_s / 2,
+        }
+
+    per_round = {
+        "shared": [arm(1.0, ["shared"] * 6)] * 2,
+        "colocate": [arm(1.1, ["colocate"] * 6)] * 2,
+        "partial": [arm(0.9, ["partial"] * 6)] * 2,
+        "auto": [
+            arm(0.9, ["shared"] * 2 + ["partial"] * 4),
+            arm(0.9, ["shared"] * 2 + ["partial"] * 2 + ["colocate"] * 2),
+        ],
+    }
+    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
+    _derive(out)
+    assert out["auto_last_mode_judge_heavy"] == "colocate"
+    assert out["auto_choice_judge_heavy"] == "partial"
+    assert out["auto_steps_per_mode_judge_heavy"] == {"shared": 4, "partial": 6, "colocate": 2}
+    assert out["auto_picked_best_fixed_judge_heavy"] is True
+    assert out["partial_over_colocate_judge_heavy"] == pytest.approx(0.9 / 1.1)

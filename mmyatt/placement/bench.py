@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 MODES = ("shared", "colocate", "partial", "auto")
@@ -464,7 +465,13 @@ def _derive(out: dict) -> None:
         best = min(fixed, key=lambda m: s[m])
         out[f"best_fixed_{wl}"] = best
         out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
-        out[f"auto_choice_{wl}"] = out[wl]["auto"]["modes_run"][-1]
+        # auto's choice: the mode it ran in most measured steps over all rounds (a
+        # re-evaluation may measure another plan for a few steps, even the last ones)
+        runs = out[wl]["auto"].get("modes_run_per_round") or [out[wl]["auto"]["modes_run"]]
+        ran = Counter(m for r in runs for m in r)
+        out[f"auto_choice_{wl}"] = ran.most_common(1)[0][0]
+        out[f"auto_steps_per_mode_{wl}"] = dict(ran)
+        out[f"auto_last_mode_{wl}"] = out[wl]["auto"]["modes_run"][-1]
         out[f"auto_picked_best_fixed_{wl}"] = out[f"auto_choice_{wl}"] == best
         placed = min(("colocate", "partial"), key=lambda m: s[m])
         out[f"auto_picked_faster_placement_{wl}"] = out[f"auto_choice_{wl}"] == placed
