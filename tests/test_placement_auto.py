@@ -255,3 +255,34 @@ def test_auto_does_not_try_partial_when_the_budget_cuts_the_samples(cut, expect)
     plan, _ = a.next_plan()
     assert a.predictions["partial 1:1"] == pytest.approx(expect)
     assert plan == (PARTIAL if cut == 0.0 else SHARED)
+
+
+def test_pipeline_with_the_judge_widened_once_generation_is_done():
+    # judge-bound, 4 chunks: generation 2 s, judging 8 s; when generation ends the judge
+    # has done 2 - 0.5 = 1.5 s of its 8; the 6.5 s left on twice the cores take 3.25 s
+    assert pipeline(2.0, 8.0, 4, widen=2.0) == pytest.approx(5.25)
+    assert pipeline(2.0, 8.0, 4, widen=1.0) == pytest.approx(8.5)
+    assert pipeline(3.0, 3.0, 1, widen=2.0) == pytest.approx(4.5)  # nothing overlaps: 3 + 1.5
+    # generation-bound: only the last chunk's judging follows generation: 8 + 1 / 2
+    assert pipeline(8.0, 4.0, 4, widen=2.0) == pytest.approx(8.5)
+
+
+@pytest.mark.parametrize("widen", [False, True])
+def test_auto_measures_partial_on_cut_samples_only_when_its_judge_is_widened(widen):
+    """Shared measured: generation 2 s, the judge 6 s on 1 thread, training 1 s (9 s), every
+    sample cut by the budget, so partial's judging waits for generation: 4 + 6 + 1 = 11 s
+    (point). Widened, the judge may take both cores after generation: at best 4 + 3 + 1
+    = 8 s < 0.97 x 9, so partial is measured; kept on its core it is never tried."""
+    shared = _measure("shared", 2, 2, gen=2.0, judge=6.0, threads=1)
+    shared.cut_frac = 1.0
+    a = AutoPlacer(
+        PLANS, has_judge=True, start_partial=PARTIAL, profile=2, every=100,
+        judge_threads=threads(), chunks=4, widen=widen,
+    )  # fmt: skip
+    _run(a, [shared] * 3)
+    plan, line = a.next_plan()
+    assert a.predictions["partial 1:1"] == pytest.approx(11.0)
+    if widen:
+        assert plan == PARTIAL and line.startswith("profiled: auto measures partial 1:1")
+    else:
+        assert plan == SHARED and line.startswith("profiled: auto picks shared")

@@ -16,7 +16,10 @@ judge per (mode, judge threads), and predicts
   where the judge scores each finished chunk while the next one is generated:
   pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks; samples
   the token budget cuts (a measured share c) are sent when generation ends, so n is at
-  most 1 / c (every sample cut: g + J)
+  most 1 / c (every sample cut: g + J). Partial's judge takes every core once generation
+  is done (placement.widen_judge): its measured J includes those calls, and the
+  optimistic prediction lets the judging left after generation run cores / threads
+  faster (the point prediction never assumes more threads faster)
 
 A time not measured at its own key is derived from a measurement of the same mode,
 else of the nearest core or thread count, among equals one that ran the role the same
@@ -64,10 +67,15 @@ class Measure:
     cut_frac: float = 0.0  # share of the samples the token budget cut (text; any mode)
 
 
-def pipeline(g: float, judge: float, n: int) -> float:
-    """Time for generation (g) and judging (judge) of n equal chunks, streamed."""
+def pipeline(g: float, judge: float, n: int, widen: float = 1.0) -> float:
+    """Time for generation (g) and judging (judge) of n equal chunks, streamed. ``widen``:
+    how much faster the judge runs once generation is done (partial's judge takes the
+    rollout's cores then: placement.widen_judge); it matters when the judge is behind."""
     n = max(1, n)
-    return max(g + judge / n, judge + g / n)
+    # judging left when generation ends: the last chunk, or, when the judge is behind,
+    # all it could not do from the first chunk on (widen 1: max(g + J/n, J + g/n))
+    left = max(judge / n, judge - (g - g / n))
+    return g + left / max(1.0, widen)
 
 
 def streamable(chunks: int, cut: float) -> int:
@@ -101,6 +109,9 @@ class CostModel:
     # the judge's threads in a plan (shared: reward.judge.threads, colocate:
     # placement.judge_threads); default one per judge core
     threads_of: Callable[[CorePlan], int] | None = None
+    # partial's judge takes every core once generation is done (placement.widen_judge):
+    # the optimistic prediction lets it run cores / judge threads faster then
+    widen: bool = False
     _suspect: dict = field(default_factory=dict)  # role -> (ratio, key) of a first move
 
     def _update(self, table: dict, key, value: float) -> float | None:
@@ -199,7 +210,10 @@ class CostModel:
             return g + jt
         if mode == "colocate":
             return g + (self.reload if self.has_judge else 0.0) + jt
-        return pipeline(g, jt, streamable(self.chunks, self.cut)) if self.has_judge else g
+        if not self.has_judge:
+            return g
+        w = self.cores / max(1, t) if optimistic and self.widen else 1.0
+        return pipeline(g, jt, streamable(self.chunks, self.cut), w)
 
     def threads(self, plan: CorePlan) -> int:
         return self.threads_of(plan) if self.threads_of is not None else len(plan.judge)
@@ -245,6 +259,7 @@ class AutoPlacer:
         explore_margin: float = 0.15,
         judge_threads: Callable[[CorePlan], int] | None = None,
         chunks: int = 1,
+        widen: bool = False,
     ):
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
@@ -258,6 +273,7 @@ class AutoPlacer:
             explore_margin=explore_margin,
             threads_of=judge_threads,
             chunks=max(1, chunks),
+            widen=widen,
         )
         shared = [p for p in candidates if p.mode == "shared"]
         if profile_all:

@@ -158,6 +158,7 @@ class Placement:
                 judge_threads=self.judge_threads,
                 # partial's judge calls per step
                 chunks=groups if self.streams else -(-groups // p.stream_groups),
+                widen=p.widen_judge,
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must

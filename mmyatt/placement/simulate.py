@@ -167,7 +167,10 @@ def calibrate(
     every overhead it does not model shows up as error. With ``stream_samples`` (by
     default: where partial streamed each sample as it finished, ``streaming`` in the
     JSON), partial's chunks are single samples arriving at :func:`finish_fractions` of
-    the measured lengths; else chunks of ``stream_groups`` prompt groups."""
+    the measured lengths; else chunks of ``stream_groups`` prompt groups. Partial's judge
+    takes every core once generation is done (placement.widen_judge); the simulator
+    keeps it on its share, so the per-sample cost read from partial is an effective one
+    that folds those widened calls in."""
     arms = measured[workload]
     colo, part = arms["colocate"], arms["partial"]
     prompts = 8 // controllers
