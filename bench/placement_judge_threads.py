@@ -1,0 +1,67 @@
+"""Colocate with its judge phase on 2 threads (its default, placement.judge_threads=0)
+and on 1 (the placement bench's setting), against partial (its judge widened to every
+core once generation ends), on the placement bench's judge-heavy settings: 3 rotated
+rounds x 20 measured steps. Writes bench/placement/colocate_judge_threads.json.
+
+    .venv/bin/python bench/placement_judge_threads.py
+"""
+
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from mmyatt.metrics import read_metrics
+from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.placement import bench as B
+
+tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-threads-"))
+policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
+judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+base = B._base(policy, 21)
+arms = {
+    "colocate_2threads": ["placement.mode=colocate", "placement.judge_threads=0"],
+    "partial": ["placement.mode=partial"],
+    "colocate_1thread": ["placement.mode=colocate", "placement.judge_threads=1"],
+}
+names = list(arms)
+res = {}
+for k in range(3):
+    for n in names[k % 3 :] + names[: k % 3]:
+        a = B._arm(tmp, f"{n}_{k}", base + arms[n] + B._judge(judge), 21)
+        rows = [
+            r for r in read_metrics(tmp / f"{n}_{k}") if "timing/step_s" in r and r["step"] >= 2
+        ]
+        a["timing_means"] = {
+            key: statistics.fmean(r[key] for r in rows if key in r)
+            for key in sorted({k2 for r in rows for k2 in r if k2.startswith("timing/")})
+        }
+        res.setdefault(n, []).append(a)
+        print(
+            k,
+            n,
+            round(a["step_s"], 3),
+            {x: round(v, 3) for x, v in a["phase_s"].items() if v},
+            "rollout_s",
+            round(a["rollout_s"], 3),
+            flush=True,
+        )
+out = {
+    n: {
+        "step_s_per_round": [a["step_s"] for a in v],
+        "step_s": statistics.fmean(a["step_s"] for a in v),
+        "arms": v,
+    }
+    for n, v in res.items()
+}
+out["partial_over_colocate_2threads"] = (
+    out["partial"]["step_s"] / out["colocate_2threads"]["step_s"]
+)
+out["partial_over_colocate_1thread"] = out["partial"]["step_s"] / out["colocate_1thread"]["step_s"]
+out["command"] = ".venv/bin/python bench/placement_judge_threads.py"
+dest = Path(__file__).resolve().parent / "placement" / "colocate_judge_threads.json"
+dest.write_text(json.dumps(out, indent=1, default=str) + "\n")
+print({k: v for k, v in out.items() if k.startswith("partial_over")})
+
+shutil.rmtree(tmp, ignore_errors=True)
