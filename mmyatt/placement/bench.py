@@ -38,6 +38,7 @@ from pathlib import Path
 
 MODES = ("shared", "colocate", "partial", "auto")
 JUDGE_TOKENS = 16
+COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
 STOP = ["e", "1"]  # a completion token holding one of these ends it: geometric lengths
 
 CORPUS = [
@@ -68,9 +69,11 @@ def _base(policy: Path, steps: int) -> list[str]:
         "distributed.nproc=2",
         "placement.profile_steps=2",  # auto: medians of 2 measured steps per plan
         "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
-        # colocate's judge phase on 1 thread: on this 2-core machine, shared with other
-        # jobs, a 2-thread judge measured ~11x slower (23 s vs 2.1 s judge time per step)
-        "placement.judge_threads=1",
+        # colocate's judge phase on every core (its default). Runs before 2026-12-03
+        # 18:30 UTC held it to 1 thread (a 2-thread judge was ~11x slower when other jobs
+        # shared the 2 cores); on a quiet machine it is faster, and partial's judge takes
+        # both cores once generation ends (bench/placement/colocate_judge_threads.json)
+        f"placement.judge_threads={COLOCATE_JUDGE_THREADS}",
     ]
 
 
@@ -404,6 +407,7 @@ def bench_placement(
                     print(f"[bench] placement {wl} round {k + 1} {mode}: {fig}", flush=True)
                     out[wl] = _combine(per_round, wl)
                     out[wl]["rounds"] = k + 1
+                    out[wl]["colocate_judge_threads"] = COLOCATE_JUDGE_THREADS
                     out[wl]["steps_per_run"] = steps if wl != "drifting" else 2 * seg
                     out[wl]["wall_s"] = time.perf_counter() - t0
                     _save(out, progress)
