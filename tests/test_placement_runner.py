@@ -388,9 +388,9 @@ def test_partial_gives_the_judge_every_core_once_generation_is_done(widen):
 
 
 def test_judge_calls_are_capped_while_generation_runs_and_the_rest_goes_in_one():
-    """placement.stream_max_samples: while generation runs a call takes at most that many
-    samples (so the call under way when the judge is widened is short); once generation
-    is done, everything still waiting goes in one call; rewards in row order."""
+    """placement.stream_max_samples: while generation runs a call takes whole pieces up to
+    that many samples (so the call under way when the judge is widened is short); once
+    generation is done, everything still waiting goes in one call; rows kept in order."""
     import threading
 
     from mmyatt.placement.runner import JudgeStream
@@ -407,34 +407,46 @@ def test_judge_calls_are_capped_while_generation_runs_and_the_rest_goes_in_one()
     s = JudgeStream(judge, max_call=2)
     s.send([0], ["a"], [None], ["p"])
     assert held.wait(5)
-    s.send([1, 2, 3], ["b", "c", "d"], [None] * 3, ["p"] * 3)
-    s.send([4, 5, 6], ["e", "f", "g"], [None] * 3, ["p"] * 3)
+    for i, o in zip(range(1, 6), "bcdef"):
+        s.send([i], [o], [None], ["p"])
+    s.send([6, 7, 8], ["g", "h", "i"], [None] * 3, ["p"] * 3)  # a group: never split
+    s.send([9], ["j"], [None], ["p"])
     release.set()
-    # drain what generation's sends scheduled, then end generation
-    while len(batches) < 3:
+    while len(batches) < 5:  # what generation's sends scheduled
         threading.Event().wait(0.01)
     s.finish()
     out, error = s.results()
     s.close()
     assert error is None
-    assert batches == [["a"], ["b", "c"], ["d", "e"], ["f", "g"]]
-    assert [rows for rows, _ in out] == [[0], [1, 2], [3, 4], [5, 6]]
+    assert batches == [["a"], ["b", "c"], ["d", "e"], ["f"], ["g", "h", "i"], ["j"]]
+    assert [i for rows, _ in out for i in rows] == list(range(10))
 
 
-def test_finish_sends_every_sample_a_capped_stream_left_waiting():
-    """More samples than the cap times the sends: finish() judges the remainder."""
+def test_finish_lifts_the_cap_for_what_still_waits():
+    """Generation ends while the judge answers its first call: everything sent meanwhile
+    goes in the next call, whatever the cap (on every core, when the judge is widened)."""
+    import threading
+
     from mmyatt.placement.runner import JudgeStream
 
-    batches = []
+    held, release, batches = threading.Event(), threading.Event(), []
 
     def judge(outputs, records, ids):
         batches.append(list(outputs))
+        if len(batches) == 1:
+            held.set()
+            assert release.wait(5)
         return list(outputs)
 
     s = JudgeStream(judge, max_call=2)
-    s.send(list(range(7)), list("abcdefg"), [None] * 7, ["p"] * 7)
+    s.send([0], ["a"], [None], ["p"])
+    assert held.wait(5)
+    for i, o in zip(range(1, 7), "bcdefg"):
+        s.send([i], [o], [None], ["p"])
     s.finish()
+    release.set()
     out, error = s.results()
     s.close()
-    assert sorted(i for rows, _ in out for i in rows) == list(range(7))
-    assert batches == [["a", "b"], ["c", "d", "e", "f", "g"]]
+    assert error is None
+    assert batches == [["a"], list("bcdefg")]
+    assert [i for rows, _ in out for i in rows] == list(range(7))

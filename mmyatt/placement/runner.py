@@ -49,23 +49,24 @@ class JudgeStream:
     and the judge gets batches as large as the overlap allows (a call per prompt group
     cost the judge 1.4x the model time of whole-step calls, judge-heavy bench).
 
-    ``max_call`` > 0: while generation runs, a call takes at most that many samples, so
-    the call under way when generation ends is short and what is left goes in one call
-    after :meth:`finish` (on every core, when the judge is widened: a call keeps the
-    thread count it started with)."""
+    ``max_call`` > 0: while generation runs, a call takes pieces up to that many samples
+    (at least one piece; a piece, e.g. a group a pairwise judge compares, is never
+    split), so the call under way when generation ends is short and what is left goes in
+    one call after :meth:`finish` (on every core, when the judge is widened: a call keeps
+    the thread count it started with)."""
 
     def __init__(self, judge, max_call: int = 0):
         self._judge = judge
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge")
         self._lock = threading.Lock()
-        self._pending: list[tuple] = []  # (row, output, record, prompt id) per sample
+        self._pending: list[list[tuple]] = []  # pieces: (row, output, record, id) each
         self._cap = max(0, int(max_call))
         self._calls = []
 
     def send(self, rows, outputs, records, ids) -> None:
         """Samples at ``rows`` of the step's rollout, to be judged."""
         with self._lock:
-            self._pending.extend(zip(rows, outputs, records, ids, strict=True))
+            self._pending.append(list(zip(rows, outputs, records, ids, strict=True)))
         self._calls.append(self._pool.submit(self._flush))
 
     def finish(self) -> None:
@@ -76,8 +77,14 @@ class JudgeStream:
 
     def _flush(self):
         with self._lock:
-            k = self._cap or len(self._pending)
-            batch, self._pending = self._pending[:k], self._pending[k:]
+            k, n = 0, 0
+            while k < len(self._pending) and (
+                not self._cap or k == 0 or n + len(self._pending[k]) <= self._cap
+            ):
+                n += len(self._pending[k])
+                k += 1
+            batch = [x for piece in self._pending[:k] for x in piece]
+            self._pending = self._pending[k:]
         if not batch:  # an earlier call took it
             return None
         rows, outputs, records, ids = (list(x) for x in zip(*batch, strict=True))
