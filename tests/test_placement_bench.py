@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.placement.bench import MODES, _combine, _derive
+from mmyatt.placement.bench import MODES, _combine, _derive, paired_ratio
 
 
 def _arm(short: float, long: float, modes=("x",)) -> dict:
@@ -75,3 +75,46 @@ def test_auto_choice_is_the_mode_it_ran_most_not_its_last_step():
     assert out["auto_steps_per_mode_judge_heavy"] == {"shared": 4, "partial": 6, "colocate": 2}
     assert out["auto_picked_best_fixed_judge_heavy"] is True
     assert out["partial_over_colocate_judge_heavy"] == pytest.approx(0.9 / 1.1)
+
+
+def test_paired_ratio_by_hand():
+    """Ratios 1.0 and 1.21: geometric mean 1.1; the logs' standard error is ln 1.1, so
+    the 95% interval (t with 1 degree of freedom, 12.706) is 1.1 ** (1 -+ 12.706)."""
+    r = paired_ratio([2.0, 2.42], [2.0, 2.0])
+    assert r["per_round"] == pytest.approx([1.0, 1.21])
+    assert r["geo_mean"] == pytest.approx(1.1)
+    assert r["ci95"] == pytest.approx([1.1 ** (1 - 12.706), 1.1 ** (1 + 12.706)])
+    same = paired_ratio([0.9, 0.9, 0.9], [1.0, 1.0, 1.0])  # no spread: a point
+    assert same["ci95"] == pytest.approx([0.9, 0.9])
+    assert paired_ratio([0.9], [1.0])["ci95"] is None  # one round: no interval
+
+
+def test_acceptance_ratios_carry_their_round_by_round_spread():
+    def arm(step_s: float) -> dict:
+        return {
+            "step_s": step_s,
+            "total_s": 5 * step_s,
+            "modes_run": ["x"] * 5,
+            "peak_rss_mb": 1.0,
+            "idle_frac": {},
+            "rollout_s": step_s / 2,
+        }
+
+    per_round = {
+        "shared": [arm(1.0), arm(1.0)],
+        "colocate": [arm(1.0), arm(2.0)],  # a slow round for everyone
+        "partial": [arm(0.9), arm(1.8)],
+        "auto": [arm(0.95), arm(2.1)],
+    }
+    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
+    _derive(out)
+    # best fixed by the means: shared (1.0) against colocate (1.5) and partial (1.35)
+    assert out["auto_over_best_judge_heavy_rounds"]["per_round"] == pytest.approx([0.95, 2.1])
+    pc = out["partial_over_colocate_judge_heavy_rounds"]
+    assert pc["per_round"] == pytest.approx([0.9, 0.9])  # the slow round cancels
+    assert pc["ci95"] == pytest.approx([0.9, 0.9])
+    drift = {m: [_arm(0.5, 1.0), _arm(0.6, 1.2)] for m in MODES}
+    drift["auto"] = [_arm(0.45, 0.9), _arm(0.6, 1.2)]
+    out = {"drifting": _combine(drift, "drifting")}
+    _derive(out)
+    assert out["auto_over_best_fixed_drifting_rounds"]["per_round"] == pytest.approx([0.9, 1.0])

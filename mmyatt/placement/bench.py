@@ -27,6 +27,7 @@ judge (the largest per-phase peak of the run), and auto's choices.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -459,8 +460,45 @@ def _mean(vals: list) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+# two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table)
+T95 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+}
+
+
+def paired_ratio(num: list[float], den: list[float]) -> dict:
+    """A ratio measured round by round: the arms of one round ran one after another, so
+    they shared the machine's load of those minutes, and ``num[k] / den[k]`` cancels
+    what moved between rounds. Returns the per-round ratios, their geometric mean and a
+    95% interval for it (Student's t on the logs; None with fewer than two rounds). An
+    interval that holds a goal says these rounds cannot tell whether it was met."""
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    out = {"per_round": ratios, "geo_mean": math.exp(mean), "ci95": None}
+    if len(logs) >= 2:
+        half = T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+        out["ci95"] = [math.exp(mean - half), math.exp(mean + half)]
+    return out
+
+
 def _derive(out: dict) -> None:
-    """The acceptance ratios from whatever workloads the JSON holds."""
+    """The acceptance ratios from whatever workloads the JSON holds: each a ratio of the
+    modes' means over rounds, with its round-by-round spread in ``<key>_rounds``."""
     fixed = ("shared", "colocate", "partial")
     for wl in ("judge_heavy", "rollout_heavy"):
         if not all(m in out.get(wl, {}) for m in MODES):
@@ -469,6 +507,8 @@ def _derive(out: dict) -> None:
         best = min(fixed, key=lambda m: s[m])
         out[f"best_fixed_{wl}"] = best
         out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
+        per = {m: out[wl][m].get("step_s_per_round") for m in MODES}
+        out[f"auto_over_best_{wl}_rounds"] = paired_ratio(per["auto"], per[best])
         # auto's choice: the mode it ran in most measured steps over all rounds (a
         # re-evaluation may measure another plan for a few steps, even the last ones)
         runs = out[wl]["auto"].get("modes_run_per_round") or [out[wl]["auto"]["modes_run"]]
@@ -483,6 +523,9 @@ def _derive(out: dict) -> None:
         out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
         if wl == "judge_heavy":
             out["partial_over_colocate_judge_heavy"] = s["partial"] / s["colocate"]
+            out["partial_over_colocate_judge_heavy_rounds"] = paired_ratio(
+                per["partial"], per["colocate"]
+            )
             ro = {m: out[wl][m].get("rollout_s") for m in ("partial", "colocate")}
             if all(isinstance(v, float) and v > 0 for v in ro.values()):
                 out["partial_over_colocate_rollout_judge_heavy"] = ro["partial"] / ro["colocate"]
@@ -491,6 +534,10 @@ def _derive(out: dict) -> None:
         best = min(fixed, key=lambda m: t[m])
         out["best_fixed_drifting"] = best
         out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
+        out["auto_over_best_fixed_drifting_rounds"] = paired_ratio(
+            out["drifting"]["auto"]["total_s_per_round"],
+            out["drifting"][best]["total_s_per_round"],
+        )
         # the drift must change the best fixed mode: each fixed mode is slower than
         # another on at least one segment (mean s/step of the segment)
         seg = {
