@@ -118,3 +118,34 @@ def test_acceptance_ratios_carry_their_round_by_round_spread():
     out = {"drifting": _combine(drift, "drifting")}
     _derive(out)
     assert out["auto_over_best_fixed_drifting_rounds"]["per_round"] == pytest.approx([0.9, 1.0])
+
+
+def test_every_figure_of_an_arm_is_averaged_over_rounds_not_the_last_rounds():
+    def arm(step_s: float, rollout_s: float, peak: float) -> dict:
+        return {
+            "step_s": step_s,
+            "total_s": 5 * step_s,
+            "modes_run": ["x"] * 5,
+            "rollout_s": rollout_s,
+            "cpu_util": step_s / 2,
+            "peak_rss_mb": peak,
+            "peak_rss_mb_by_phase": {"generate": peak - 10, "judge": peak, "train": None},
+            "idle_frac": {"judge": 0.5},
+        }
+
+    per_round = {
+        "shared": [arm(1.0, 0.8, 100.0)] * 2,
+        "colocate": [arm(1.0, 0.6, 90.0), arm(2.0, 1.0, 110.0)],
+        "partial": [arm(1.0, 0.5, 120.0), arm(1.4, 0.5, 120.0)],
+        "auto": [arm(1.0, 0.5, 100.0)] * 2,
+    }
+    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
+    c = out["judge_heavy"]["colocate"]
+    assert c["rollout_s"] == pytest.approx(0.8)
+    assert c["rollout_s_per_round"] == [0.6, 1.0]
+    assert c["cpu_util"] == pytest.approx(0.75)
+    assert c["peak_rss_mb"] == pytest.approx(100.0)
+    assert c["peak_rss_mb_by_phase"] == {"generate": 90.0, "judge": 100.0, "train": None}
+    _derive(out)
+    assert out["partial_over_colocate_rollout_judge_heavy"] == pytest.approx(0.5 / 0.8)
+    assert out["peak_rss_mb_judge_heavy"]["partial"] == pytest.approx(120.0)

@@ -425,9 +425,21 @@ def _partial_judge() -> dict:
     return {"widen_judge": p.widen_judge, "stream_max_samples": p.stream_max_samples}
 
 
+# an arm's scalar figures that _combine averages over rounds
+ROUND_MEANS = (
+    "cpu_util",
+    "rollout_s",
+    "judge_reload_s",
+    "peak_rss_mb",
+    "response_length_mean",
+    "response_truncated_frac",
+)
+
+
 def _combine(per_round: dict[str, list], wl: str) -> dict:
-    """Each mode's arms: the last round's details, with the step figure, the phase
-    times and the idle fractions averaged over rounds."""
+    """Each mode's arms: the last round's details (modes run, auto's predictions), with
+    every figure averaged over rounds: the step figure, the rollout phase, CPU use,
+    reload time, peak memory (each run's peak), lengths, phase times, idle fractions."""
     key = "total_s" if wl == "drifting" else "step_s"
     out = {}
     for mode, arms in per_round.items():
@@ -435,7 +447,11 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
             continue
         vals = [a[key] for a in arms]
         out[mode] = {**arms[-1], key: statistics.fmean(vals), f"{key}_per_round": vals}
-        for group in ("phase_s", "idle_frac"):
+        for k in ROUND_MEANS:
+            if k in arms[-1]:
+                out[mode][k] = _mean([a.get(k) for a in arms])
+                out[mode][f"{k}_per_round"] = [a.get(k) for a in arms]
+        for group in ("phase_s", "idle_frac", "peak_rss_mb_by_phase"):
             if group in arms[-1]:
                 out[mode][group] = {
                     k: _mean([a[group].get(k) for a in arms]) for k in arms[-1][group]
