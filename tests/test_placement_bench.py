@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.placement.bench import MODES, _combine, _derive, paired_ratio
+from mmyatt.placement.bench_figures import MODES, _combine, _derive, paired_ratio
 
 
 def _arm(short: float, long: float, modes=("x",)) -> dict:

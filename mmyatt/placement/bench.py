@@ -27,17 +27,16 @@ judge (the largest per-phase peak of the run), and auto's choices.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
-MODES = ("shared", "colocate", "partial", "auto")
+from mmyatt.placement.bench_figures import MODES, SEGMENTS, _combine, _derive, _mean
+
 JUDGE_TOKENS = 16
 COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
 STOP = ["e", "1"]  # a completion token holding one of these ends it: geometric lengths
@@ -168,7 +167,7 @@ def _arm(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
     return out
 
 
-SEGMENTS = tuple(DRIFT)
+assert tuple(DRIFT) == SEGMENTS
 
 
 def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int) -> dict:
@@ -423,151 +422,6 @@ def _partial_judge() -> dict:
 
     p = PlacementConfig()
     return {"widen_judge": p.widen_judge, "stream_max_samples": p.stream_max_samples}
-
-
-# an arm's scalar figures that _combine averages over rounds
-ROUND_MEANS = (
-    "cpu_util",
-    "rollout_s",
-    "judge_reload_s",
-    "peak_rss_mb",
-    "response_length_mean",
-    "response_truncated_frac",
-)
-
-
-def _combine(per_round: dict[str, list], wl: str) -> dict:
-    """Each mode's arms: the last round's details (modes run, auto's predictions), with
-    every figure averaged over rounds: the step figure, the rollout phase, CPU use,
-    reload time, peak memory (each run's peak), lengths, phase times, idle fractions."""
-    key = "total_s" if wl == "drifting" else "step_s"
-    out = {}
-    for mode, arms in per_round.items():
-        if not arms:
-            continue
-        vals = [a[key] for a in arms]
-        out[mode] = {**arms[-1], key: statistics.fmean(vals), f"{key}_per_round": vals}
-        for k in ROUND_MEANS:
-            if k in arms[-1]:
-                out[mode][k] = _mean([a.get(k) for a in arms])
-                out[mode][f"{k}_per_round"] = [a.get(k) for a in arms]
-        for group in ("phase_s", "idle_frac", "peak_rss_mb_by_phase"):
-            if group in arms[-1]:
-                out[mode][group] = {
-                    k: _mean([a[group].get(k) for a in arms]) for k in arms[-1][group]
-                }
-        out[mode]["modes_run_per_round"] = [
-            a.get("modes_run") or a.get("segment_long", {}).get("modes_run") for a in arms
-        ]
-        for seg in (f"segment_{name}" for name in SEGMENTS):  # drifting: per segment
-            if seg in arms[-1]:
-                per = [a[seg]["step_s"] for a in arms]
-                out[mode][seg] = {
-                    **arms[-1][seg],
-                    "step_s": statistics.fmean(per),
-                    "step_s_per_round": per,
-                    "modes_run_per_round": [a[seg]["modes_run"] for a in arms],
-                }
-    return out
-
-
-def _mean(vals: list) -> float | None:
-    vals = [v for v in vals if isinstance(v, int | float)]
-    return statistics.fmean(vals) if vals else None
-
-
-# two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table)
-T95 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    11: 2.201,
-    12: 2.179,
-    13: 2.160,
-    14: 2.145,
-    15: 2.131,
-}
-
-
-def paired_ratio(num: list[float], den: list[float]) -> dict:
-    """A ratio measured round by round: the arms of one round ran one after another, so
-    they shared the machine's load of those minutes, and ``num[k] / den[k]`` cancels
-    what moved between rounds. Returns the per-round ratios, their geometric mean and a
-    95% interval for it (Student's t on the logs; None with fewer than two rounds). An
-    interval that holds a goal says these rounds cannot tell whether it was met."""
-    ratios = [a / b for a, b in zip(num, den, strict=True)]
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    out = {"per_round": ratios, "geo_mean": math.exp(mean), "ci95": None}
-    if len(logs) >= 2:
-        half = T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
-        out["ci95"] = [math.exp(mean - half), math.exp(mean + half)]
-    return out
-
-
-def _derive(out: dict) -> None:
-    """The acceptance ratios from whatever workloads the JSON holds: each a ratio of the
-    modes' means over rounds, with its round-by-round spread in ``<key>_rounds``."""
-    fixed = ("shared", "colocate", "partial")
-    for wl in ("judge_heavy", "rollout_heavy"):
-        if not all(m in out.get(wl, {}) for m in MODES):
-            continue
-        s = {m: out[wl][m]["step_s"] for m in MODES}
-        best = min(fixed, key=lambda m: s[m])
-        out[f"best_fixed_{wl}"] = best
-        out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
-        per = {m: out[wl][m].get("step_s_per_round") for m in MODES}
-        out[f"auto_over_best_{wl}_rounds"] = paired_ratio(per["auto"], per[best])
-        # auto's choice: the mode it ran in most measured steps over all rounds (a
-        # re-evaluation may measure another plan for a few steps, even the last ones)
-        runs = out[wl]["auto"].get("modes_run_per_round") or [out[wl]["auto"]["modes_run"]]
-        ran = Counter(m for r in runs for m in r)
-        out[f"auto_choice_{wl}"] = ran.most_common(1)[0][0]
-        out[f"auto_steps_per_mode_{wl}"] = dict(ran)
-        out[f"auto_last_mode_{wl}"] = out[wl]["auto"]["modes_run"][-1]
-        out[f"auto_picked_best_fixed_{wl}"] = out[f"auto_choice_{wl}"] == best
-        placed = min(("colocate", "partial"), key=lambda m: s[m])
-        out[f"auto_picked_faster_placement_{wl}"] = out[f"auto_choice_{wl}"] == placed
-        out[f"peak_rss_mb_{wl}"] = {m: out[wl][m]["peak_rss_mb"] for m in MODES}
-        out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
-        if wl == "judge_heavy":
-            out["partial_over_colocate_judge_heavy"] = s["partial"] / s["colocate"]
-            out["partial_over_colocate_judge_heavy_rounds"] = paired_ratio(
-                per["partial"], per["colocate"]
-            )
-            ro = {m: out[wl][m].get("rollout_s") for m in ("partial", "colocate")}
-            if all(isinstance(v, float) and v > 0 for v in ro.values()):
-                out["partial_over_colocate_rollout_judge_heavy"] = ro["partial"] / ro["colocate"]
-    if all(m in out.get("drifting", {}) for m in MODES):
-        t = {m: out["drifting"][m]["total_s"] for m in MODES}
-        best = min(fixed, key=lambda m: t[m])
-        out["best_fixed_drifting"] = best
-        out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
-        out["auto_over_best_fixed_drifting_rounds"] = paired_ratio(
-            out["drifting"]["auto"]["total_s_per_round"],
-            out["drifting"][best]["total_s_per_round"],
-        )
-        # the drift must change the best fixed mode: each fixed mode is slower than
-        # another on at least one segment (mean s/step of the segment)
-        seg = {
-            name: {m: out["drifting"][m][f"segment_{name}"]["step_s"] for m in fixed}
-            for name in SEGMENTS
-        }
-        out["drifting_best_fixed_per_segment"] = {
-            name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()
-        }
-        out["drifting_segment_step_s"] = seg
-        # one best per segment: if they differ, every fixed mode is slower on a segment
-        out["drifting_best_fixed_changes"] = (
-            len(set(out["drifting_best_fixed_per_segment"].values())) > 1
-        )
 
 
 def _save(out: dict, progress) -> None:
