@@ -21,7 +21,9 @@ one after another, and reads each run's own per-step measurements (metrics.jsonl
 Figures: mean step seconds over the measured steps (the first step of every run or
 segment is warm-up and left out, in every arm alike), ratios of those, per-role idle
 fractions and CPU use (``placement/*``), per-mode peak RSS summed over controllers and
-judge (the largest per-phase peak of the run), and auto's choices.
+judge (the largest per-phase peak of a run), and auto's choices. Each figure is the mean
+over rounds; each acceptance ratio also comes with its per-round values and a 95%
+interval (``bench_figures.py``).
 """
 
 from __future__ import annotations
