@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.placement.bench_figures import MODES, _combine, _derive, paired_ratio
+from mmyatt.placement.bench_figures import MODES, _combine, _derive, paired_ratio, t95
 
 
 def _arm(short: float, long: float, modes=("x",)) -> dict:
@@ -15,6 +15,19 @@ def _arm(short: float, long: float, modes=("x",)) -> dict:
         "segment_long": seg(long),
         "total_s": 5 * (short + long),
         "steps_measured": 10,
+    }
+
+
+def _step_arm(step_s: float, modes: list[str] | None = None) -> dict:
+    """A fixed workload's arm: its step time, the modes its steps ran (5 by default)."""
+    modes = modes if modes is not None else ["x"] * 5
+    return {
+        "step_s": step_s,
+        "total_s": step_s * len(modes),
+        "modes_run": modes,
+        "peak_rss_mb": 1.0,
+        "idle_frac": {},
+        "rollout_s": step_s / 2,
     }
 
 
@@ -49,23 +62,13 @@ def test_auto_choice_is_the_mode_it_ran_most_not_its_last_step():
     """A re-evaluation may measure another plan for a few steps, even the run's last ones:
     auto's choice is the mode of most of its measured steps over all rounds."""
 
-    def arm(step_s: float, modes: list[str]) -> dict:
-        return {
-            "step_s": step_s,
-            "total_s": step_s * len(modes),
-            "modes_run": modes,
-            "peak_rss_mb": 1.0,
-            "idle_frac": {},
-            "rollout_s": step_s / 2,
-        }
-
     per_round = {
-        "shared": [arm(1.0, ["shared"] * 6)] * 2,
-        "colocate": [arm(1.1, ["colocate"] * 6)] * 2,
-        "partial": [arm(0.9, ["partial"] * 6)] * 2,
+        "shared": [_step_arm(1.0, ["shared"] * 6)] * 2,
+        "colocate": [_step_arm(1.1, ["colocate"] * 6)] * 2,
+        "partial": [_step_arm(0.9, ["partial"] * 6)] * 2,
         "auto": [
-            arm(0.9, ["shared"] * 2 + ["partial"] * 4),
-            arm(0.9, ["shared"] * 2 + ["partial"] * 2 + ["colocate"] * 2),
+            _step_arm(0.9, ["shared"] * 2 + ["partial"] * 4),
+            _step_arm(0.9, ["shared"] * 2 + ["partial"] * 2 + ["colocate"] * 2),
         ],
     }
     out = {"judge_heavy": _combine(per_round, "judge_heavy")}
@@ -89,22 +92,18 @@ def test_paired_ratio_by_hand():
     assert paired_ratio([0.9], [1.0])["ci95"] is None  # one round: no interval
 
 
-def test_acceptance_ratios_carry_their_round_by_round_spread():
-    def arm(step_s: float) -> dict:
-        return {
-            "step_s": step_s,
-            "total_s": 5 * step_s,
-            "modes_run": ["x"] * 5,
-            "peak_rss_mb": 1.0,
-            "idle_frac": {},
-            "rollout_s": step_s / 2,
-        }
+def test_t_quantile_beyond_the_table_is_not_the_normals():
+    assert t95(8) == pytest.approx(2.306)
+    assert t95(16) == pytest.approx(2.120, abs=1e-3)  # Student's t, 16 and 30 degrees
+    assert t95(30) == pytest.approx(2.042, abs=1e-3)
 
+
+def test_acceptance_ratios_carry_their_round_by_round_spread():
     per_round = {
-        "shared": [arm(1.0), arm(1.0)],
-        "colocate": [arm(1.0), arm(2.0)],  # a slow round for everyone
-        "partial": [arm(0.9), arm(1.8)],
-        "auto": [arm(0.95), arm(2.1)],
+        "shared": [_step_arm(1.0), _step_arm(1.0)],
+        "colocate": [_step_arm(1.0), _step_arm(2.0)],  # a slow round for everyone
+        "partial": [_step_arm(0.9), _step_arm(1.8)],
+        "auto": [_step_arm(0.95), _step_arm(2.1)],
     }
     out = {"judge_heavy": _combine(per_round, "judge_heavy")}
     _derive(out)

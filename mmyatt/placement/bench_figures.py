@@ -9,7 +9,6 @@ import statistics
 from collections import Counter
 
 MODES = ("shared", "colocate", "partial", "auto")
-SEGMENTS = ("short", "long")  # the drifting workload's segments (bench.DRIFT)
 
 # an arm's scalar figures that _combine averages over rounds
 ROUND_MEANS = (
@@ -45,15 +44,14 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
         out[mode]["modes_run_per_round"] = [
             a.get("modes_run") or a.get("segment_long", {}).get("modes_run") for a in arms
         ]
-        for seg in (f"segment_{name}" for name in SEGMENTS):  # drifting: per segment
-            if seg in arms[-1]:
-                per = [a[seg]["step_s"] for a in arms]
-                out[mode][seg] = {
-                    **arms[-1][seg],
-                    "step_s": statistics.fmean(per),
-                    "step_s_per_round": per,
-                    "modes_run_per_round": [a[seg]["modes_run"] for a in arms],
-                }
+        for seg in (k for k in arms[-1] if k.startswith("segment_")):  # drifting
+            per = [a[seg]["step_s"] for a in arms]
+            out[mode][seg] = {
+                **arms[-1][seg],
+                "step_s": statistics.fmean(per),
+                "step_s_per_round": per,
+                "modes_run_per_round": [a[seg]["modes_run"] for a in arms],
+            }
     return out
 
 
@@ -62,7 +60,7 @@ def _mean(vals: list) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-# two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table)
+# two-sided 95% quantiles of Student's t by degrees of freedom (beyond the table: t95)
 T95 = {
     1: 12.706,
     2: 4.303,
@@ -82,6 +80,15 @@ T95 = {
 }
 
 
+def t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t: the table, else the Cornish-Fisher
+    expansion about the normal's 1.96 (within 0.001 from 16 degrees of freedom on)."""
+    if df in T95:
+        return T95[df]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
 def paired_ratio(num: list[float], den: list[float]) -> dict:
     """A ratio measured round by round: the arms of one round ran one after another, so
     they shared the machine's load of those minutes, and ``num[k] / den[k]`` cancels
@@ -93,7 +100,7 @@ def paired_ratio(num: list[float], den: list[float]) -> dict:
     mean = statistics.fmean(logs)
     out = {"per_round": ratios, "geo_mean": math.exp(mean), "ci95": None}
     if len(logs) >= 2:
-        half = T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+        half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
         out["ci95"] = [math.exp(mean - half), math.exp(mean + half)]
     return out
 
@@ -142,9 +149,12 @@ def _derive(out: dict) -> None:
         )
         # the drift must change the best fixed mode: each fixed mode is slower than
         # another on at least one segment (mean s/step of the segment)
+        names = [
+            k.removeprefix("segment_") for k in out["drifting"]["auto"] if k.startswith("segment_")
+        ]
         seg = {
             name: {m: out["drifting"][m][f"segment_{name}"]["step_s"] for m in fixed}
-            for name in SEGMENTS
+            for name in names
         }
         out["drifting_best_fixed_per_segment"] = {
             name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()
