@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.placement.bench_figures import MODES, _combine, _derive, _mean
+from mmyatt.placement.bench_figures import MODES, _combine, _derive, _mean, paired_ratio
 
 JUDGE_TOKENS = 16
 COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
@@ -220,12 +220,13 @@ def _big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     return out, sum(p.numel() for p in model.parameters())
 
 
-def _memory_arms(tmp: Path, base: list[str], steps: int) -> dict:
+def _memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict:
     """colocate (judge weights dropped outside its phase, reloaded for it) and partial
     (judge resident next to rollout and training) with the big judge, side by side, for
     the qwen2-1m policy and for a policy of the judge's size (whose training phase,
     gradients and activations, is where the controllers' memory peaks): peak RSS summed
-    over the 2 controllers and the judge, per phase, and the reload cost."""
+    over the 2 controllers and the judge, per phase, the reload cost and the step time,
+    ``rounds`` times in alternating order; the ratios come with their per-round spread."""
     judge, params = _big_model(tmp / "judge_big", seed=1)
     big_policy, _ = _big_model(tmp / "policy_big", seed=0)
     small = [
@@ -241,21 +242,33 @@ def _memory_arms(tmp: Path, base: list[str], steps: int) -> dict:
         "judge_params": params,
         "judge_weights_mb": params * 4 / 2**20,
         "samples_per_step": 2 * 4 * 4,
+        "rounds": rounds,
+        "colocate_judge_threads": COLOCATE_JUDGE_THREADS,
     }
     policies = {"policy_qwen2_1m": [], "policy_25m": [f"model.path={big_policy}"]}
     for name, pol in policies.items():
-        arms: dict = {}
-        for mode in ("colocate", "partial"):
-            over = base + [f"placement.mode={mode}"] + small + pol
-            arm = _arm(tmp, f"judge_memory_{name}_{mode}", over, steps)
-            arms[mode] = arm
-            print(
-                f"[bench] placement judge_memory {name} {mode}: peak {arm['peak_rss_mb']:.0f} MB",
-                flush=True,
-            )
+        per_round: dict[str, list] = {"colocate": [], "partial": []}
+        for k in range(rounds):
+            for mode in ("colocate", "partial") if k % 2 == 0 else ("partial", "colocate"):
+                over = base + [f"placement.mode={mode}"] + small + pol
+                arm = _arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
+                per_round[mode].append(arm)
+                print(
+                    f"[bench] placement judge_memory {name} round {k + 1} {mode}: peak "
+                    f"{arm['peak_rss_mb']:.0f} MB, {arm['step_s']:.3f} s/step",
+                    flush=True,
+                )
+        arms = _combine(per_round, "judge_memory")
         c, p = arms["colocate"], arms["partial"]
         arms["colocate_minus_partial_peak_rss_mb"] = c["peak_rss_mb"] - p["peak_rss_mb"]
         arms["colocate_over_partial_peak_rss"] = c["peak_rss_mb"] / p["peak_rss_mb"]
+        arms["colocate_over_partial_peak_rss_rounds"] = paired_ratio(
+            c["peak_rss_mb_per_round"], p["peak_rss_mb_per_round"]
+        )
+        arms["partial_over_colocate_step_s"] = p["step_s"] / c["step_s"]
+        arms["partial_over_colocate_step_s_rounds"] = paired_ratio(
+            p["step_s_per_round"], c["step_s_per_round"]
+        )
         out[name] = arms
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
@@ -379,7 +392,7 @@ def bench_placement(
                 _save(out, progress)
                 continue
             if wl == "judge_memory":
-                out["judge_memory"] = _memory_arms(tmp, base, steps)
+                out["judge_memory"] = _memory_arms(tmp, base, steps, rounds)
                 _save(out, progress)
                 continue
             if wl == "balance":
