@@ -148,3 +148,38 @@ def test_every_figure_of_an_arm_is_averaged_over_rounds_not_the_last_rounds():
     _derive(out)
     assert out["partial_over_colocate_rollout_judge_heavy"] == pytest.approx(0.5 / 0.8)
     assert out["peak_rss_mb_judge_heavy"]["partial"] == pytest.approx(120.0)
+
+
+def test_judge_memory_alternates_the_modes_and_pairs_the_rounds(monkeypatch, tmp_path):
+    """judge_memory runs colocate and partial in alternating order per round (no run
+    here: the arms are stubbed) and reports each ratio of means with its paired rounds."""
+    from mmyatt.placement import bench
+
+    order: list[str] = []
+    peaks = {"colocate": [900.0, 1000.0], "partial": [1000.0, 1000.0]}
+    steps = {"colocate": [1.0, 2.0], "partial": [0.5, 2.0]}
+
+    def fake_arm(tmp, name, overrides, n):
+        mode = next(o.split("=")[1] for o in overrides if o.startswith("placement.mode="))
+        k = int(name.rsplit("_r", 1)[1])
+        order.append(f"{name.split('_policy_')[1].split('_')[0]}:{mode}")
+        arm = _step_arm(steps[mode][k])
+        arm["peak_rss_mb"] = peaks[mode][k]
+        return arm
+
+    monkeypatch.setattr(bench, "_arm", fake_arm)
+    monkeypatch.setattr(bench, "_big_model", lambda out_dir, seed: (out_dir, 25_000_000))
+    out = bench._memory_arms(tmp_path, [], 3, rounds=2)
+    assert order == ["qwen2:colocate", "qwen2:partial", "qwen2:partial", "qwen2:colocate"] + [
+        "25m:colocate",
+        "25m:partial",
+        "25m:partial",
+        "25m:colocate",
+    ]
+    arms = out["policy_25m"]
+    assert arms["colocate"]["peak_rss_mb"] == pytest.approx(950.0)
+    assert arms["colocate_over_partial_peak_rss"] == pytest.approx(0.95)
+    assert arms["colocate_over_partial_peak_rss_rounds"]["per_round"] == pytest.approx([0.9, 1.0])
+    assert arms["partial_over_colocate_step_s"] == pytest.approx(2.5 / 3.0)
+    assert arms["partial_over_colocate_step_s_rounds"]["per_round"] == pytest.approx([0.5, 1.0])
+    assert out["rounds"] == 2
