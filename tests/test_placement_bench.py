@@ -183,3 +183,26 @@ def test_judge_memory_alternates_the_modes_and_pairs_the_rounds(monkeypatch, tmp
     assert arms["partial_over_colocate_step_s"] == pytest.approx(2.5 / 3.0)
     assert arms["partial_over_colocate_step_s_rounds"]["per_round"] == pytest.approx([0.5, 1.0])
     assert out["rounds"] == 2
+
+
+def test_the_judge_comparable_workload_gets_its_own_ratios_and_cost_balance():
+    def arm(step_s: float, gen_s: float, judge_s: float) -> dict:
+        return {**_step_arm(step_s), "phase_s": {"gen_s": gen_s, "judge_busy_s": judge_s}}
+
+    per_round = {
+        "shared": [arm(1.0, 0.2, 0.5)] * 2,
+        "colocate": [arm(1.0, 0.2, 0.4), arm(1.2, 0.2, 0.4)],
+        "partial": [arm(0.8, 0.4, 0.5), arm(1.08, 0.4, 0.5)],
+        "auto": [arm(0.9, 0.3, 0.45)] * 2,
+    }
+    out = {"judge_comparable": _combine(per_round, "judge_comparable")}
+    _derive(out)
+    assert out["partial_over_colocate_judge_comparable"] == pytest.approx(0.94 / 1.1)
+    assert out["partial_over_colocate_judge_comparable_rounds"]["per_round"] == pytest.approx(
+        [0.8, 0.9]
+    )
+    assert out["judge_over_generation_s_judge_comparable"] == pytest.approx(
+        {"partial": 1.25, "colocate": 2.0}
+    )
+    assert out["best_fixed_judge_comparable"] == "partial"
+    assert "partial_over_colocate_judge_heavy" not in out  # that workload did not run

@@ -8,6 +8,10 @@ one after another, and reads each run's own per-step measurements (metrics.jsonl
   (score mode, greedy) next to a rule; the policy stops at any of a few common
   characters, so completion lengths are geometric with a cap (a long tail; the
   measured percentiles are in the JSON);
+- judge_comparable: the same, with a judge that answers in ``COMPARABLE_JUDGE_TOKENS``
+  tokens (a short score, as in the drifting workload's first segment): its model time is
+  about its generation time when each has one core (partial), where judge_heavy's judge
+  takes about twice its generation time (``judge_over_generation_s_*`` in the JSON);
 - rollout_heavy: the same policy and lengths, a rule reward only (no judge);
 - drifting: completion lengths grow mid-run, as with a staged length limit (DeepScaleR
   trains at 8k, then resumes at 16k and 24k) or as RL responses grow until most are
@@ -94,6 +98,7 @@ RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
 # then every completion runs to a doubled cap, as when response length grows until
 # truncation dominates (the judge reads the longer completions: its call grows too)
 DRIFT_JUDGE_TOKENS = 4  # a judge that answers with a short score
+COMPARABLE_JUDGE_TOKENS = DRIFT_JUDGE_TOKENS  # judge_comparable: the same short answer
 DRIFT = {
     "short": [],
     "long": ["sampling.max_new_tokens=96", "sampling.stop=[]"],
@@ -186,7 +191,7 @@ def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int
     return out
 
 
-WORKLOADS = ("judge_heavy", "rollout_heavy", "drifting", "balance", "over_dispatch", "judge_memory")
+WORKLOADS = ("judge_heavy", "judge_comparable", "rollout_heavy", "drifting", "balance", "over_dispatch", "judge_memory")
 
 # judge_memory: a judge whose weights outweigh the noise of the processes' memory
 # (~25 M parameters, ~100 MB in float32; random init, built here from a config)
@@ -373,6 +378,7 @@ def bench_placement(
             "policy": "qwen2-1m (random init), 8 prompts x 8 samples per step, up to 48 tokens",
             "judge": f"qwen2-1m (random init), score mode, {JUDGE_TOKENS} greedy tokens per sample",
             "judge_tokens_per_sample_drifting": DRIFT_JUDGE_TOKENS,
+            "judge_tokens_per_sample_comparable": COMPARABLE_JUDGE_TOKENS,
             "max_new_tokens": 48,  # = sampling.max_new_tokens in _base
             "streaming": "text policy, pointwise judge: each sample as it finishes",
             # partial's judge: calls of at most stream_max_samples while generation runs,
@@ -412,7 +418,10 @@ def bench_placement(
                         )
                         fig = f"{arm['total_s']:.2f} s"
                     else:
-                        extra = _judge(judge) if wl == "judge_heavy" else RULE
+                        extra = {
+                            "judge_heavy": _judge(judge),
+                            "judge_comparable": _judge(judge, COMPARABLE_JUDGE_TOKENS),
+                        }.get(wl, RULE)
                         arm = _arm(tmp, name, arm_base + extra, steps)
                         fig = f"{arm['step_s']:.3f} s/step"
                     per_round[mode].append(arm)

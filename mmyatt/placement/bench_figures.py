@@ -9,6 +9,7 @@ import statistics
 from collections import Counter
 
 MODES = ("shared", "colocate", "partial", "auto")
+JUDGED = ("judge_heavy", "judge_comparable")  # the workloads with a GenRM judge
 
 # an arm's scalar figures that _combine averages over rounds
 ROUND_MEANS = (
@@ -53,6 +54,12 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
                 "modes_run_per_round": [a[seg]["modes_run"] for a in arms],
             }
     return out
+
+
+def _ratio(phase_s: dict) -> float | None:
+    judge, gen = phase_s.get("judge_busy_s"), phase_s.get("gen_s")
+    ok = isinstance(judge, int | float) and isinstance(gen, int | float) and gen > 0
+    return judge / gen if ok else None
 
 
 def _mean(vals: list) -> float | None:
@@ -109,7 +116,7 @@ def _derive(out: dict) -> None:
     """The acceptance ratios from whatever workloads the JSON holds: each a ratio of the
     modes' means over rounds, with its round-by-round spread in ``<key>_rounds``."""
     fixed = ("shared", "colocate", "partial")
-    for wl in ("judge_heavy", "rollout_heavy"):
+    for wl in JUDGED + ("rollout_heavy",):
         if not all(m in out.get(wl, {}) for m in MODES):
             continue
         s = {m: out[wl][m]["step_s"] for m in MODES}
@@ -130,14 +137,19 @@ def _derive(out: dict) -> None:
         out[f"auto_picked_faster_placement_{wl}"] = out[f"auto_choice_{wl}"] == placed
         out[f"peak_rss_mb_{wl}"] = {m: out[wl][m]["peak_rss_mb"] for m in MODES}
         out[f"idle_frac_{wl}"] = {m: out[wl][m]["idle_frac"] for m in MODES}
-        if wl == "judge_heavy":
-            out["partial_over_colocate_judge_heavy"] = s["partial"] / s["colocate"]
-            out["partial_over_colocate_judge_heavy_rounds"] = paired_ratio(
+        if wl in JUDGED:
+            out[f"partial_over_colocate_{wl}"] = s["partial"] / s["colocate"]
+            out[f"partial_over_colocate_{wl}_rounds"] = paired_ratio(
                 per["partial"], per["colocate"]
             )
             ro = {m: out[wl][m].get("rollout_s") for m in ("partial", "colocate")}
             if all(isinstance(v, float) and v > 0 for v in ro.values()):
-                out["partial_over_colocate_rollout_judge_heavy"] = ro["partial"] / ro["colocate"]
+                out[f"partial_over_colocate_rollout_{wl}"] = ro["partial"] / ro["colocate"]
+            # how judge-heavy the workload is: the judge's model time over the generation
+            # time, in partial (each on one core while both run) and colocate (each on all)
+            out[f"judge_over_generation_s_{wl}"] = {
+                m: _ratio(out[wl][m].get("phase_s") or {}) for m in ("partial", "colocate")
+            }
     if all(m in out.get("drifting", {}) for m in MODES):
         t = {m: out["drifting"][m]["total_s"] for m in MODES}
         best = min(fixed, key=lambda m: t[m])
