@@ -191,7 +191,15 @@ def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int
     return out
 
 
-WORKLOADS = ("judge_heavy", "judge_comparable", "rollout_heavy", "drifting", "balance", "over_dispatch", "judge_memory")
+WORKLOADS = (
+    "judge_heavy",
+    "judge_comparable",
+    "rollout_heavy",
+    "drifting",
+    "balance",
+    "over_dispatch",
+    "judge_memory",
+)
 
 # judge_memory: a judge whose weights outweigh the noise of the processes' memory
 # (~25 M parameters, ~100 MB in float32; random init, built here from a config)
