@@ -134,6 +134,11 @@ def resolve_builtin(path: str | None) -> str | None:
 
 
 def manifest_paths(spec: str) -> list[str]:
+    """``data.train`` / ``data.eval``: one manifest, or several joined by commas. A spec
+    that names an existing file is that one file, commas and all (a run directory may
+    hold a comma, and a synthetic task's files are written under it)."""
+    if not spec.startswith("synthetic:") and Path(spec).is_file():
+        return [spec]
     paths = [p.strip() for p in spec.split(",") if p.strip()]
     for p in paths:
         if p.startswith("synthetic:"):

@@ -279,8 +279,9 @@ class PlacementConfig:
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
-    # auto: run colocate and partial during profiling, instead of starting in one (partial
-    # with a judge, else shared) and predicting the others from its measured roles
+    # auto: run colocate, then partial (with a judge), during profiling, instead of
+    # starting in shared and measuring another plan only where its optimistic prediction
+    # beats the best estimate (mmyatt/placement/auto.py)
     profile_all_modes: bool = False
     reevaluate_every: int = 10  # auto: steps between re-evaluations
     drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much

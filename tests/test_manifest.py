@@ -310,3 +310,18 @@ def test_write_arithmetic_task(tmp_path):
 def test_write_jsonl_round_trip(tmp_path):
     path = write_jsonl(tmp_path / "sub" / "x.jsonl", [{"prompt": "é"}, {"prompt": "b"}])
     assert [r["prompt"] for r in ShardedManifest(path, shuffle=False).next_batch(2)] == ["é", "b"]
+
+
+def test_a_manifest_path_holding_a_comma_is_one_file_and_a_list_still_splits(tmp_path):
+    from mmyatt.builders import manifest_paths
+
+    odd = tmp_path / "run,with_comma" / "train.jsonl"
+    odd.parent.mkdir()
+    odd.write_text('{"prompt": "a"}\n')
+    other = tmp_path / "b.jsonl"
+    other.write_text('{"prompt": "b"}\n')
+    assert manifest_paths(str(odd)) == [str(odd)]
+    assert manifest_paths(f"{other}, {tmp_path / 'c.jsonl'}") == [
+        str(other),
+        str(tmp_path / "c.jsonl"),
+    ]
