@@ -39,6 +39,7 @@ for k in range(ROUNDS):
                 "step_s": statistics.fmean(steps),
                 "step_s_first": statistics.fmean(steps[:FIRST]),
                 "modes_run": modes,
+                "step_s_per_step": steps,
             }
         )
         print(f"round {k + 1} {n}: {res[n][-1]['step_s']:.3f} s/step", flush=True)
@@ -56,6 +57,16 @@ out = {
         [a["step_s_first"] for a in res["auto"]], [a["step_s_first"] for a in res["partial"]]
     ),
 }
+# auto's steps in partial against the partial arm's same steps (the same work: the same
+# seeds give the same samples in every mode), after auto's first 2 partial steps
+after = []
+for a, p in zip(res["auto"], res["partial"]):
+    idx = [i for i, m in enumerate(a["modes_run"]) if m == "partial"][2:]
+    after.append(
+        statistics.fmean(a["step_s_per_step"][i] for i in idx)
+        / statistics.fmean(p["step_s_per_step"][i] for i in idx)
+    )
+out["auto_partial_steps_over_partial_same_steps"] = after
 dest = Path(__file__).parent / "placement" / "auto_run_length.json"
 dest.write_text(json.dumps(out, indent=2) + "\n")
 print(json.dumps({k: v for k, v in out.items() if k.startswith("auto_over")}, indent=1))
