@@ -5,14 +5,18 @@ core, against partial and colocate with the bench's two controllers. Compares th
 rollout phase (``placement/rollout_s``: generation and judging until every controller
 holds its rewards); the training phase differs (one process instead of two) and is not
 compared. 3 rotated rounds x 10 measured steps.
-Writes bench/placement/one_rollout_process.json.
+Writes bench/placement/one_rollout_process.json; with ``comparable``, the bench's
+judge_comparable workload instead (the judge answers in 4 tokens), written to
+bench/placement/one_rollout_process_comparable.json.
 
-    .venv/bin/python bench/placement_one_rollout_process.py   # ~8 min
+    .venv/bin/python bench/placement_one_rollout_process.py              # ~8 min
+    .venv/bin/python bench/placement_one_rollout_process.py comparable   # ~7 min
 """
 
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -24,7 +28,9 @@ STEPS = 11
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-one-rollout-"))
 policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
 judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
-base = B._base(policy, STEPS) + B._judge(judge)
+COMPARABLE = sys.argv[1:] == ["comparable"]
+tokens = B.COMPARABLE_JUDGE_TOKENS if COMPARABLE else B.JUDGE_TOKENS
+base = B._base(policy, STEPS) + B._judge(judge, tokens)
 arms = {
     "colocate_2_controllers": ["placement.mode=colocate"],
     "partial_2_controllers": ["placement.mode=partial"],
@@ -53,8 +59,12 @@ out: dict = {
 c = out["colocate_2_controllers"]["rollout_s_per_round"]
 for n in ("partial_2_controllers", "partial_1_controller"):
     out[f"{n}_over_colocate_rollout"] = paired_ratio(out[n]["rollout_s_per_round"], c)
-out["command"] = ".venv/bin/python bench/placement_one_rollout_process.py"
-dest = Path(__file__).resolve().parent / "placement" / "one_rollout_process.json"
+out["command"] = ".venv/bin/python bench/placement_one_rollout_process.py" + (
+    " comparable" if COMPARABLE else ""
+)
+out["judge_tokens_per_sample"] = tokens
+name = "one_rollout_process" + ("_comparable" if COMPARABLE else "")
+dest = Path(__file__).resolve().parent / "placement" / f"{name}.json"
 dest.write_text(json.dumps(out, indent=1, default=str) + "\n")
 print({k: v for k, v in out.items() if k.endswith("_rollout")})
 shutil.rmtree(tmp, ignore_errors=True)
