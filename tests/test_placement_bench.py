@@ -206,3 +206,31 @@ def test_the_judge_comparable_workload_gets_its_own_ratios_and_cost_balance():
     )
     assert out["best_fixed_judge_comparable"] == "partial"
     assert "partial_over_colocate_judge_heavy" not in out  # that workload did not run
+
+
+def test_the_judge_drift_is_derived_under_its_own_keys():
+    def arm(rule: float, judged: float) -> dict:
+        seg = lambda s: {"step_s": s, "total_s": 5 * s, "modes_run": ["x"] * 5}  # noqa: E731
+        return {
+            "segment_rule": seg(rule),
+            "segment_judged": seg(judged),
+            "total_s": 5 * (rule + judged),
+            "steps_measured": 10,
+        }
+
+    per_round = {
+        "shared": [arm(0.34, 0.84)] * 2,
+        "colocate": [arm(0.35, 0.77)] * 2,
+        "partial": [arm(0.50, 0.67)] * 2,
+        "auto": [arm(0.33, 0.72), arm(0.34, 0.70)],
+    }
+    out = {"drifting_judge": _combine(per_round, "drifting_judge")}
+    _derive(out)
+    assert out["best_fixed_drifting_judge"] == "colocate"  # 5.6 s against 5.85 and 5.9
+    assert out["auto_over_best_fixed_drifting_judge"] == pytest.approx(5.225 / 5.6)
+    assert out["auto_over_best_fixed_drifting_judge_rounds"]["per_round"] == pytest.approx(
+        [5.25 / 5.6, 5.2 / 5.6]
+    )
+    assert out["drifting_judge_best_fixed_per_segment"] == {"rule": "shared", "judged": "partial"}
+    assert out["drifting_judge_best_fixed_changes"] is True
+    assert "auto_over_best_fixed_drifting" not in out  # the other drift did not run

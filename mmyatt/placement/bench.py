@@ -21,6 +21,10 @@ one after another, and reads each run's own per-step measurements (metrics.jsonl
   for ``S`` more. One judge serves both segments, writing ``DRIFT_JUDGE_TOKENS`` tokens
   after the score template; its call grows with what it reads. Every arm runs the same
   two segments; auto re-profiles after the restart.
+- drifting_judge: the judge's cost grows mid-run, from none to about the generation's, as
+  when a run warms up on rule rewards and then resumes with a GenRM term added: ``S``
+  steps of rollout_heavy, then ``S`` of judge_comparable, resumed from the checkpoint
+  (the judge server starts with the second segment).
 
 Figures: mean step seconds over the measured steps (the first step of every run or
 segment is warm-up and left out, in every arm alike), ratios of those, per-role idle
@@ -41,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.placement.bench_figures import MODES, _combine, _derive, _mean, paired_ratio
+from mmyatt.placement.bench_figures import DRIFTING, MODES, _combine, _derive, _mean, paired_ratio
 
 JUDGE_TOKENS = 16
 COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
@@ -174,19 +178,29 @@ def _arm(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
     return out
 
 
-def _drift_arm(tmp: Path, name: str, base: list[str], judge: list[str], seg: int) -> dict:
-    """``seg`` steps of short completions, then ``seg`` of long ones, resumed from the
-    first segment's checkpoint (the first step of each is warm-up, left out)."""
+def _drift_segments(wl: str, judge: Path) -> list[tuple[str, list[str]]]:
+    """The two segments of a drifting workload: (name, overrides) each."""
+    if wl == "drifting_judge":
+        return [("rule", RULE), ("judged", _judge(judge, COMPARABLE_JUDGE_TOKENS))]
+    j = _judge(judge, DRIFT_JUDGE_TOKENS)
+    return [("short", j + DRIFT["short"]), ("long", j + DRIFT["long"])]
+
+
+def _drift_arm(
+    tmp: Path, name: str, base: list[str], segments: list[tuple[str, list[str]]], seg: int
+) -> dict:
+    """``seg`` steps of the first segment, then ``seg`` of the second, resumed from the
+    first one's checkpoint (the first step of each is warm-up, left out)."""
     rd = tmp / name
     t0 = time.perf_counter()
     ck = ["checkpoint.save_every=" + str(seg), "checkpoint.async_save=false"]
-    _train(rd, base + judge + DRIFT["short"] + ck + [f"trainer.steps={seg}"])
-    a = _rows(rd, first=2)
-    _train(rd, base + judge + DRIFT["long"] + ck + [f"trainer.steps={2 * seg}"])
-    b = _rows(rd, first=seg + 2)
-    out = {"segment_short": _summary(a), "segment_long": _summary(b)}
-    out["total_s"] = out["segment_short"]["total_s"] + out["segment_long"]["total_s"]
-    out["steps_measured"] = len(a) + len(b)
+    out: dict = {}
+    for i, (label, overrides) in enumerate(segments):
+        _train(rd, base + overrides + ck + [f"trainer.steps={(i + 1) * seg}"])
+        out[f"segment_{label}"] = _summary(_rows(rd, first=i * seg + 2))
+    parts = [out[f"segment_{label}"] for label, _ in segments]
+    out["total_s"] = sum(p["total_s"] for p in parts)
+    out["steps_measured"] = sum(p["steps_measured"] for p in parts)
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -196,6 +210,7 @@ WORKLOADS = (
     "judge_comparable",
     "rollout_heavy",
     "drifting",
+    "drifting_judge",
     "balance",
     "over_dispatch",
     "judge_memory",
@@ -420,10 +435,8 @@ def bench_placement(
                 for mode in MODES[k % len(MODES) :] + MODES[: k % len(MODES)]:
                     name = f"{wl}_{mode}_r{k}"
                     arm_base = base + [f"placement.mode={mode}"]
-                    if wl == "drifting":
-                        arm = _drift_arm(
-                            tmp, name, arm_base, _judge(judge, DRIFT_JUDGE_TOKENS), seg
-                        )
+                    if wl in DRIFTING:
+                        arm = _drift_arm(tmp, name, arm_base, _drift_segments(wl, judge), seg)
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = {
@@ -437,7 +450,7 @@ def bench_placement(
                     out[wl] = _combine(per_round, wl)
                     out[wl]["rounds"] = k + 1
                     out[wl]["colocate_judge_threads"] = COLOCATE_JUDGE_THREADS
-                    out[wl]["steps_per_run"] = steps if wl != "drifting" else 2 * seg
+                    out[wl]["steps_per_run"] = 2 * seg if wl in DRIFTING else steps
                     out[wl]["wall_s"] = time.perf_counter() - t0
                     _save(out, progress)
     _derive(out)

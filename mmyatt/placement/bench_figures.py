@@ -10,6 +10,7 @@ from collections import Counter
 
 MODES = ("shared", "colocate", "partial", "auto")
 JUDGED = ("judge_heavy", "judge_comparable")  # the workloads with a GenRM judge
+DRIFTING = ("drifting", "drifting_judge")  # two segments each, the second resumed
 
 # an arm's scalar figures that _combine averages over rounds
 ROUND_MEANS = (
@@ -26,7 +27,7 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
     """Each mode's arms: the last round's details (modes run, auto's predictions), with
     every figure averaged over rounds: the step figure, the rollout phase, CPU use,
     reload time, peak memory (each run's peak), lengths, phase times, idle fractions."""
-    key = "total_s" if wl == "drifting" else "step_s"
+    key = "total_s" if wl in DRIFTING else "step_s"
     out = {}
     for mode, arms in per_round.items():
         if not arms:
@@ -150,29 +151,23 @@ def _derive(out: dict) -> None:
             out[f"judge_over_generation_s_{wl}"] = {
                 m: _ratio(out[wl][m].get("phase_s") or {}) for m in ("partial", "colocate")
             }
-    if all(m in out.get("drifting", {}) for m in MODES):
-        t = {m: out["drifting"][m]["total_s"] for m in MODES}
+    for wl in DRIFTING:
+        if not all(m in out.get(wl, {}) for m in MODES):
+            continue
+        t = {m: out[wl][m]["total_s"] for m in MODES}
         best = min(fixed, key=lambda m: t[m])
-        out["best_fixed_drifting"] = best
-        out["auto_over_best_fixed_drifting"] = t["auto"] / t[best]
-        out["auto_over_best_fixed_drifting_rounds"] = paired_ratio(
-            out["drifting"]["auto"]["total_s_per_round"],
-            out["drifting"][best]["total_s_per_round"],
+        out[f"best_fixed_{wl}"] = best
+        out[f"auto_over_best_fixed_{wl}"] = t["auto"] / t[best]
+        out[f"auto_over_best_fixed_{wl}_rounds"] = paired_ratio(
+            out[wl]["auto"]["total_s_per_round"], out[wl][best]["total_s_per_round"]
         )
         # the drift must change the best fixed mode: each fixed mode is slower than
         # another on at least one segment (mean s/step of the segment)
-        names = [
-            k.removeprefix("segment_") for k in out["drifting"]["auto"] if k.startswith("segment_")
-        ]
-        seg = {
-            name: {m: out["drifting"][m][f"segment_{name}"]["step_s"] for m in fixed}
-            for name in names
-        }
-        out["drifting_best_fixed_per_segment"] = {
+        names = [k.removeprefix("segment_") for k in out[wl]["auto"] if k.startswith("segment_")]
+        seg = {name: {m: out[wl][m][f"segment_{name}"]["step_s"] for m in fixed} for name in names}
+        out[f"{wl}_best_fixed_per_segment"] = {
             name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()
         }
-        out["drifting_segment_step_s"] = seg
+        out[f"{wl}_segment_step_s"] = seg
         # one best per segment: if they differ, every fixed mode is slower on a segment
-        out["drifting_best_fixed_changes"] = (
-            len(set(out["drifting_best_fixed_per_segment"].values())) > 1
-        )
+        out[f"{wl}_best_fixed_changes"] = len(set(out[f"{wl}_best_fixed_per_segment"].values())) > 1
