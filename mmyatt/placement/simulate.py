@@ -215,7 +215,9 @@ def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = 
     measured = json.loads(path.read_text())
     out: dict = {"benchmark": "placement-sim", "machine": _machine(), "measured": str(path)}
     rows = []
-    for wl in ("judge_heavy", "rollout_heavy"):
+    for wl in ("judge_heavy", "judge_comparable", "rollout_heavy"):
+        if wl not in measured:
+            continue
         prof = calibrate(measured, wl)
         for mode, r, j in (("shared", 2, 2), ("colocate", 2, 2), ("partial", 1, 1)):
             if mode not in measured[wl]:
