@@ -13,7 +13,6 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mmyatt.metrics import read_metrics
 from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 from mmyatt.placement.bench_figures import paired_ratio
@@ -28,9 +27,7 @@ res: dict[str, list[dict]] = {n: [] for n in names}
 for k in range(ROUNDS):
     for n in names if k % 2 == 0 else names[::-1]:
         B._train(tmp / f"{n}_{k}", base + [f"placement.mode={n}", f"trainer.steps={STEPS}"])
-        rows = [
-            r for r in read_metrics(tmp / f"{n}_{k}") if "timing/step_s" in r and r["step"] >= 2
-        ]
+        rows = B._rows(tmp / f"{n}_{k}", first=2)
         steps = [r["timing/step_s"] for r in rows]
         modes = [r.get("placement/mode") for r in rows]
         res[n].append(

@@ -12,7 +12,6 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mmyatt.metrics import read_metrics
 from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 
@@ -30,9 +29,7 @@ res = {}
 for k in range(3):
     for n in names[k % 3 :] + names[: k % 3]:
         a = B._arm(tmp, f"{n}_{k}", base + arms[n] + B._judge(judge), 21)
-        rows = [
-            r for r in read_metrics(tmp / f"{n}_{k}") if "timing/step_s" in r and r["step"] >= 2
-        ]
+        rows = B._rows(tmp / f"{n}_{k}", first=2)
         a["timing_means"] = {
             key: statistics.fmean(r[key] for r in rows if key in r)
             for key in sorted({k2 for r in rows for k2 in r if k2.startswith("timing/")})

@@ -8,11 +8,12 @@ import pytest
 from mmyatt.placement.bench_figures import MODES, _combine, _derive, paired_ratio, t95
 
 
-def _arm(short: float, long: float, modes=("x",)) -> dict:
+def _arm(short: float, long: float, modes=("x",), labels=("short", "long")) -> dict:
+    """A drifting workload's arm: two segments of 5 steps at these s/step."""
     seg = lambda s: {"step_s": s, "total_s": 5 * s, "modes_run": list(modes)}  # noqa: E731
     return {
-        "segment_short": seg(short),
-        "segment_long": seg(long),
+        f"segment_{labels[0]}": seg(short),
+        f"segment_{labels[1]}": seg(long),
         "total_s": 5 * (short + long),
         "steps_measured": 10,
     }
@@ -210,13 +211,7 @@ def test_the_judge_comparable_workload_gets_its_own_ratios_and_cost_balance():
 
 def test_the_judge_drift_is_derived_under_its_own_keys():
     def arm(rule: float, judged: float) -> dict:
-        seg = lambda s: {"step_s": s, "total_s": 5 * s, "modes_run": ["x"] * 5}  # noqa: E731
-        return {
-            "segment_rule": seg(rule),
-            "segment_judged": seg(judged),
-            "total_s": 5 * (rule + judged),
-            "steps_measured": 10,
-        }
+        return _arm(rule, judged, ("x",) * 5, labels=("rule", "judged"))
 
     per_round = {
         "shared": [arm(0.34, 0.84)] * 2,

@@ -113,19 +113,31 @@ def paired_ratio(num: list[float], den: list[float]) -> dict:
     return out
 
 
+FIXED = ("shared", "colocate", "partial")
+
+
+def _auto_over_best(out: dict, wl: str, key: str, name: str) -> tuple[str, dict]:
+    """The best fixed mode of ``wl`` by its mean ``key`` (``best_fixed_<wl>``), auto's
+    ratio to it (``name``) with the paired rounds (``<name>_rounds``); returns the best
+    mode and every mode's mean."""
+    v = {m: out[wl][m][key] for m in MODES}
+    best = min(FIXED, key=lambda m: v[m])
+    out[f"best_fixed_{wl}"] = best
+    out[name] = v["auto"] / v[best]
+    out[f"{name}_rounds"] = paired_ratio(
+        out[wl]["auto"][f"{key}_per_round"], out[wl][best][f"{key}_per_round"]
+    )
+    return best, v
+
+
 def _derive(out: dict) -> None:
     """The acceptance ratios from whatever workloads the JSON holds: each a ratio of the
     modes' means over rounds, with its round-by-round spread in ``<key>_rounds``."""
-    fixed = ("shared", "colocate", "partial")
     for wl in JUDGED + ("rollout_heavy",):
         if not all(m in out.get(wl, {}) for m in MODES):
             continue
-        s = {m: out[wl][m]["step_s"] for m in MODES}
-        best = min(fixed, key=lambda m: s[m])
-        out[f"best_fixed_{wl}"] = best
-        out[f"auto_over_best_{wl}"] = s["auto"] / s[best]
+        best, s = _auto_over_best(out, wl, "step_s", f"auto_over_best_{wl}")
         per = {m: out[wl][m].get("step_s_per_round") for m in MODES}
-        out[f"auto_over_best_{wl}_rounds"] = paired_ratio(per["auto"], per[best])
         # auto's choice: the mode it ran in most measured steps over all rounds (a
         # re-evaluation may measure another plan for a few steps, even the last ones)
         runs = out[wl]["auto"].get("modes_run_per_round") or [out[wl]["auto"]["modes_run"]]
@@ -154,19 +166,13 @@ def _derive(out: dict) -> None:
     for wl in DRIFTING:
         if not all(m in out.get(wl, {}) for m in MODES):
             continue
-        t = {m: out[wl][m]["total_s"] for m in MODES}
-        best = min(fixed, key=lambda m: t[m])
-        out[f"best_fixed_{wl}"] = best
-        out[f"auto_over_best_fixed_{wl}"] = t["auto"] / t[best]
-        out[f"auto_over_best_fixed_{wl}_rounds"] = paired_ratio(
-            out[wl]["auto"]["total_s_per_round"], out[wl][best]["total_s_per_round"]
-        )
+        _auto_over_best(out, wl, "total_s", f"auto_over_best_fixed_{wl}")
         # the drift must change the best fixed mode: each fixed mode is slower than
         # another on at least one segment (mean s/step of the segment)
         names = [k.removeprefix("segment_") for k in out[wl]["auto"] if k.startswith("segment_")]
-        seg = {name: {m: out[wl][m][f"segment_{name}"]["step_s"] for m in fixed} for name in names}
+        seg = {name: {m: out[wl][m][f"segment_{name}"]["step_s"] for m in FIXED} for name in names}
         out[f"{wl}_best_fixed_per_segment"] = {
-            name: min(fixed, key=lambda m: v[m]) for name, v in seg.items()
+            name: min(FIXED, key=lambda m: v[m]) for name, v in seg.items()
         }
         out[f"{wl}_segment_step_s"] = seg
         # one best per segment: if they differ, every fixed mode is slower on a segment
