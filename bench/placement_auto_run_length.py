@@ -13,14 +13,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 from mmyatt.placement.bench_figures import paired_ratio
 
 STEPS, ROUNDS, FIRST = 61, 3, 20
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-auto-length-"))
-policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
-judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+policy, judge = B._models(tmp)
 base = B._base(policy, STEPS) + B._judge(judge, B.COMPARABLE_JUDGE_TOKENS)
 names = ["partial", "auto"]
 res: dict[str, list[dict]] = {n: [] for n in names}

@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 
 
@@ -24,8 +23,7 @@ def main(steps: int, rounds: int, out_path: str) -> None:
     out: dict = {"colocate": [], "auto": []}
     with tempfile.TemporaryDirectory(prefix="mmyatt-avc-") as t:
         tmp = Path(t)
-        policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
-        judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+        policy, judge = B._models(tmp)
         base = B._base(policy, steps) + B._judge(judge, B.DRIFT_JUDGE_TOKENS) + B.DRIFT["long"]
         for k in range(rounds):
             for mode in ["colocate", "auto"] if k % 2 == 0 else ["auto", "colocate"]:

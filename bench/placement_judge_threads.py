@@ -12,12 +12,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-threads-"))
-policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
-judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+policy, judge = B._models(tmp)
 base = B._base(policy, 21)
 arms = {
     "colocate_2threads": ["placement.mode=colocate", "placement.judge_threads=0"],

@@ -20,14 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 from mmyatt.placement.bench_figures import paired_ratio
 
 STEPS = 11
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-one-rollout-"))
-policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
-judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+policy, judge = B._models(tmp)
 COMPARABLE = sys.argv[1:] == ["comparable"]
 tokens = B.COMPARABLE_JUDGE_TOKENS if COMPARABLE else B.JUDGE_TOKENS
 base = B._base(policy, STEPS) + B._judge(judge, tokens)

@@ -11,7 +11,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
 from mmyatt.placement import bench as B
 
 MODES = ["shared", "colocate", "partial"]
@@ -21,8 +20,7 @@ def main(steps: int, rounds: int, out_path: str) -> None:
     steps_of: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="mmyatt-warmup-") as t:
         tmp = Path(t)
-        policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=B.CORPUS, seed=0)
-        judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=B.CORPUS, seed=1)
+        policy, judge = B._models(tmp)
         base = B._base(policy, steps) + B._judge(judge, B.COMPARABLE_JUDGE_TOKENS)
         for k in range(rounds):
             for mode in MODES[k % 3 :] + MODES[: k % 3]:

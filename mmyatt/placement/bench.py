@@ -227,6 +227,16 @@ BIG = dict(
 )
 
 
+def _models(tmp: Path) -> tuple[Path, Path]:
+    """The bench's policy and judge: two qwen2-1m models (random init, seeds 0 and 1) built
+    under ``tmp``. The probe scripts in bench/ use the same pair."""
+    from mmyatt.models.tiny import build_tiny_text_model
+
+    policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
+    judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
+    return policy, judge
+
+
 def _big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     """A qwen2-1m model's tokenizer with a ``BIG``-sized seeded Qwen2 model in place of
     its weights. Returns the directory and the parameter count."""
@@ -383,7 +393,6 @@ def bench_placement(
     invocation whose other workloads are kept (each workload can be run on its own).
     With ``progress``, what is measured so far is written there after each arm."""
     from mmyatt.bench import _machine
-    from mmyatt.models.tiny import build_tiny_text_model
 
     steps = steps or (3 if quick else 9)
     rounds = rounds or (1 if quick else 2)
@@ -411,8 +420,7 @@ def bench_placement(
     )
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
         tmp = Path(tmp_s)
-        policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
-        judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
+        policy, judge = _models(tmp)
         base = _base(policy, steps)
         for wl in workloads:
             if wl == "over_dispatch":
