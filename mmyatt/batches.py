@@ -37,3 +37,57 @@ def minibatches(r: Rollout, m: int) -> list[Rollout | None]:
         idx = [j for sl in chunk for j in range(sl.start, sl.stop)]
         out.append(r.select(idx) if idx else None)
     return out
+
+
+def row_widths(r: Rollout) -> tuple[list[int], list[int]]:
+    """Per sample, the prompt columns it uses and the action columns up to its last
+    counted action. Text and VLM contexts: ``attention_mask`` over prompt + actions,
+    prompt left-padded; a context without one (flow latents) counts no prompt."""
+    A = r.num_actions
+    attn = r.context.get("attention_mask")
+    if isinstance(attn, torch.Tensor) and attn.dim() == 2 and attn.shape[1] >= A:
+        prompt = attn[:, : attn.shape[1] - A].sum(1).tolist()
+    else:
+        prompt = [0] * len(r)
+    live = r.mask.reshape(len(r), A) > 0
+    cols = torch.arange(1, A + 1).expand_as(live)
+    actions = torch.where(live, cols, 0).max(1).values.tolist() if A else [0] * len(r)
+    return [int(p) for p in prompt], [int(a) for a in actions]
+
+
+def micro_batch_cost(r: Rollout, rows: list[int], prompt: list[int], action: list[int]) -> int:
+    """Padded tokens a text policy's forward over ``rows`` pays: its prompt pass runs
+    each prompt of the micro-batch once (the rows of a group share it), padded to the
+    widest, and its completion pass every row, padded to the longest counted completion."""
+    prompts = len({r.prompt_ids[i] for i in rows})
+    return prompts * max(prompt[i] for i in rows) + len(rows) * max(action[i] for i in rows)
+
+
+def token_micro_batches(r: Rollout, max_tokens: int) -> list[list[int]]:
+    """Rows of ``r`` cut into micro-batches of at most ``max_tokens`` padded tokens each
+    (``micro_batch_cost``).
+
+    Rows go longest completion first, so long completions share micro-batches and short
+    ones are not padded to them; within a micro-batch the rows keep their order, so the
+    rows of one prompt group that land together stay adjacent and share one prompt
+    pass. A single row over the budget is a micro-batch of its own. With
+    ``max_tokens <= 0``, every row in one micro-batch."""
+    n = len(r)
+    if max_tokens <= 0 or n == 0:
+        return [list(range(n))] if n else []
+    prompt, action = row_widths(r)
+    out: list[list[int]] = []
+    cur: list[int] = []
+    ids: set[str] = set()
+    wide = long = 0  # the current micro-batch's widest prompt, longest completion
+    for i in sorted(range(n), key=lambda i: -action[i]):  # stable: ties keep their order
+        k = len(ids | {r.prompt_ids[i]})
+        w, a = max(wide, prompt[i]), max(long, action[i])
+        if cur and k * w + (len(cur) + 1) * a > max_tokens:  # micro_batch_cost with row i
+            out.append(sorted(cur))
+            cur, ids, w, a = [], set(), prompt[i], action[i]
+        cur.append(i)
+        ids.add(r.prompt_ids[i])
+        wide, long = w, a
+    out.append(sorted(cur))
+    return out

@@ -137,6 +137,8 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     minibatches: int = 1
+    # > 0: passes over micro-batches of at most this many padded tokens (mmyatt/batches.py)
+    micro_batch_tokens: int = 0
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_refill_rounds: int = 3
     overlong: Literal["none", "filter", "penalty"] = "none"
@@ -513,6 +515,7 @@ def validate(cfg: RunConfig) -> None:
         ),
         (cfg.algorithm.minibatches >= 1, "algorithm.minibatches must be >= 1"),
         (cfg.algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs must be >= 1"),
+        (cfg.algorithm.micro_batch_tokens >= 0, "algorithm.micro_batch_tokens must be >= 0"),
         (cfg.algorithm.clip_low >= 0 and cfg.algorithm.clip_high >= 0, "clip ranges must be >= 0"),
         (
             cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,

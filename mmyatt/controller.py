@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.batches import first_groups, group_index
+from mmyatt.batches import first_groups, group_index, token_micro_batches
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.lr_schedule import cosine_factor
@@ -46,7 +46,7 @@ from mmyatt.protocols import (
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
 from mmyatt.rollout_log import truncate_rollouts, write_rollouts
-from mmyatt.step_parts import eval_sampling, rollout_metrics, train_sampling
+from mmyatt.step_parts import eval_sampling, pg_terms, rollout_metrics, train_sampling
 from mmyatt.trackers import make_logger
 
 
@@ -290,14 +290,27 @@ class Controller:
             return r
         with torch.no_grad():
             if a.recompute_old_logprobs:
-                r.logprobs = self.policy.logprobs(r).detach()
+                r.logprobs = self._in_micro_batches(self.policy.logprobs, r)
             if self._closed_form_kl:  # the reference's transition means, into the context
                 r = self.policy.attach_reference_means(r)
             elif a.kl_coef > 0:
-                r.ref_logprobs = self.policy.reference_logprobs(r).detach()
+                r.ref_logprobs = self._in_micro_batches(self.policy.reference_logprobs, r)
         if a.overlong == "filter" and r.truncated is not None:
             r.mask = alg.overlong_filter_mask(r.mask, r.truncated)
         return r
+
+    def _in_micro_batches(self, fn, r: Rollout) -> torch.Tensor:
+        """(N, A) ``fn(r)``, run over ``algorithm.micro_batch_tokens`` micro-batches."""
+        parts = token_micro_batches(r, self.cfg.algorithm.micro_batch_tokens)
+        if len(parts) == 1:
+            return fn(r).detach()
+        out = None
+        for rows in parts:
+            lp = fn(r.select(rows)).detach()
+            if out is None:
+                out = lp.new_zeros((len(r), *lp.shape[1:]))
+            out[torch.as_tensor(rows, device=lp.device)] = lp
+        return out
 
     def update(self, r: Rollout) -> dict[str, float]:
         """PPO epochs x minibatches; each minibatch is one optimizer step on every rank."""
@@ -331,37 +344,24 @@ class Controller:
         num = None
         if self.nft is not None:
             num = self._nft_terms(mb, local)
-        elif mb is not None and len(mb):
-            if self._closed_form_kl:
-                lp, ent, kl = self.policy.logprobs_with_kl(mb, a.kl_estimator, a.kl_block)
-            else:
-                lp, ent = self.policy.logprobs(mb, with_entropy=True)
-            dev = lp.device  # rewards and advantages live on the CPU; the policy may not
-            mask = mb.mask.to(dev)
-            loss_mat, m = alg.ppo_clip_loss(
-                lp,
-                mb.logprobs.to(dev),
-                mb.advantages.to(dev),
-                mask,
-                clip_low=a.clip_low,
-                clip_high=a.clip_high,
-                dual_clip=a.dual_clip,
+        elif a.micro_batch_tokens > 0:
+            # gradients accumulate over micro-batches, each scaled by the global
+            # denominator, so that comes first (it needs only the masks)
+            parts = token_micro_batches(mb, a.micro_batch_tokens) if mb is not None else []
+            zero = mb.mask * 0 if parts else None
+            den = (
+                alg.loss_terms(zero, mb.mask, a.loss_agg, max_len=mb.num_actions)[1] if parts else 0
             )
-            if "is_weight" in mb.context:  # truncated IS, rollout engine vs trainer (vllm)
-                loss_mat = loss_mat * mb.context["is_weight"].to(dev)
-            if a.kl_coef > 0:
-                if not self._closed_form_kl:
-                    kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
-                loss_mat = loss_mat + a.kl_coef * torch.where(mask.bool(), kl, 0.0)
-                local["kl"] = float(alg.masked_mean(kl.detach(), mask)) * float(mask.sum())
-            if a.entropy_coef:
-                loss_mat = loss_mat - a.entropy_coef * torch.where(mask.bool(), ent, 0.0)
-            num, den = alg.loss_terms(loss_mat, mask, a.loss_agg, max_len=mb.num_actions)
-            ntok = float(mask.sum())
-            local.update({"tokens": ntok, "den": float(den), "num": float(num.detach())})
-            local["entropy"] = float(alg.masked_mean(ent.detach(), mask)) * ntok
-            for k in ("clip_frac", "ratio_mean", "approx_kl"):
-                local[k] = float(m[k]) * ntok
+            g_den = float(self.dist.sum(float(den)))
+            if g_den <= 0:
+                return {}
+            local["micro_batches"] = float(len(parts))
+            for rows in parts:
+                (
+                    pg_terms(self.policy, mb.select(rows), a, self._closed_form_kl, local) / g_den
+                ).backward()
+        elif mb is not None and len(mb):
+            num = pg_terms(self.policy, mb, a, self._closed_form_kl, local)
         if num is None and self.engine.lockstep:  # sharded backward: every rank joins it
             num = self.engine.zero_weight_loss(self.policy)
         g = self.dist.sum_many(local)
@@ -383,6 +383,8 @@ class Controller:
             out[f"train/{k}"] = g[k] / tok
         if a.kl_coef > 0:
             out["train/kl"] = g["kl"] / tok
+        if "micro_batches" in g:  # summed over the controllers
+            out["train/micro_batches"] = g["micro_batches"]
         for k in g:
             if k.startswith("nft/"):
                 out[k] = g[k] / tok

@@ -1,10 +1,13 @@
 """Pieces of a controller's step that are plain functions of the config or the rollout:
-the sampling settings of a training or an evaluation rollout, and the reduced rollout
-metrics (mmyatt/controller.py calls them)."""
+the sampling settings of a training or an evaluation rollout, the reduced rollout
+metrics, and the clipped policy-gradient loss terms of a minibatch (or of one of its
+micro-batches) (mmyatt/controller.py calls them)."""
 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from mmyatt import algorithms as alg
 from mmyatt.protocols import RolloutStats, Sampling
@@ -83,3 +86,42 @@ def eval_sampling(cfg, greedy: bool | None = None) -> Sampling:
         denoise_steps=s.eval_denoise_steps,
         guidance_scale=s.guidance_scale,
     )
+
+
+def pg_terms(policy, mb: Rollout, a, closed_form_kl: bool, local: dict):
+    """The clipped policy-gradient loss's numerator over ``mb`` (differentiable), under
+    the algorithm config ``a``; its denominator and statistics are added into ``local``
+    (sums over samples, reduced over the controllers by the caller)."""
+    if closed_form_kl:
+        lp, ent, kl = policy.logprobs_with_kl(mb, a.kl_estimator, a.kl_block)
+    else:
+        lp, ent = policy.logprobs(mb, with_entropy=True)
+    dev = lp.device  # rewards and advantages live on the CPU; the policy may not
+    mask = mb.mask.to(dev)
+    loss_mat, m = alg.ppo_clip_loss(
+        lp,
+        mb.logprobs.to(dev),
+        mb.advantages.to(dev),
+        mask,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+    )
+    if "is_weight" in mb.context:  # truncated IS, rollout engine vs trainer (vllm)
+        loss_mat = loss_mat * mb.context["is_weight"].to(dev)
+    if a.kl_coef > 0:
+        if not closed_form_kl:
+            kl = alg.kl_penalty(lp, mb.ref_logprobs.to(dev), a.kl_estimator)
+        loss_mat = loss_mat + a.kl_coef * torch.where(mask.bool(), kl, 0.0)
+        local["kl"] += float(alg.masked_mean(kl.detach(), mask)) * float(mask.sum())
+    if a.entropy_coef:
+        loss_mat = loss_mat - a.entropy_coef * torch.where(mask.bool(), ent, 0.0)
+    num, den = alg.loss_terms(loss_mat, mask, a.loss_agg, max_len=mb.num_actions)
+    ntok = float(mask.sum())
+    local["tokens"] += ntok
+    local["den"] += float(den)
+    local["num"] += float(num.detach())
+    local["entropy"] += float(alg.masked_mean(ent.detach(), mask)) * ntok
+    for k in ("clip_frac", "ratio_mean", "approx_kl"):
+        local[k] += float(m[k]) * ntok
+    return num

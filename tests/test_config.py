@@ -81,3 +81,23 @@ def test_shipped_configs_load():
     assert files
     for f in files:
         load_config(f)
+
+
+def test_micro_batch_tokens_checked():
+    assert (
+        load_config(None, ["algorithm.micro_batch_tokens=512"]).algorithm.micro_batch_tokens == 512
+    )
+    with pytest.raises(ConfigError, match=r"algorithm.micro_batch_tokens must be >= 0"):
+        load_config(None, ["algorithm.micro_batch_tokens=-1"])
+    with pytest.raises(ConfigError, match=r"micro_batch_tokens=64 needs train.backend=replica"):
+        load_config(None, ["algorithm.micro_batch_tokens=64", "train.backend=fsdp2"])
+    with pytest.raises(ConfigError, match=r"algorithm.name=diffusion_nft\); set it to 0"):
+        load_config(
+            None,
+            [
+                "algorithm.micro_batch_tokens=64",
+                "algorithm.name=diffusion_nft",
+                "model.kind=flow",
+                "model.path=builtin:tiny_t2i",
+            ],
+        )

@@ -68,6 +68,12 @@ def setup(tmp_path_factory):
     return root, model
 
 
+def length_reward(completion: str, record: dict) -> float:
+    """Varies with the sampled completion, so advantages and gradients are not zero
+    (the numbers the tiny policy writes never match)."""
+    return len(completion) / 10.0
+
+
 def _overrides(root: Path, model: Path, balance: bool) -> list[str]:
     return [
         "model.kind=text",
@@ -81,7 +87,7 @@ def _overrides(root: Path, model: Path, balance: bool) -> list[str]:
         "model.max_prompt_tokens=256",
         "algorithm.minibatches=2",
         "optim.lr=0.001",
-        "reward.functions=[{name: numeric_match}]",
+        "reward.functions=[{name: 'test_placement_exchange:length_reward'}]",
         f"placement.balance={str(balance).lower()}",
     ]
 
@@ -135,9 +141,36 @@ def test_balanced_step_same_update_and_within_ten_percent(tmp_path, setup):
         assert b["placement/balance_after"] <= 1.10
         assert b["placement/balance_moved"] > 0
         assert "placement/balance_before" not in a
+        assert a["train/grad_norm"] > 0  # a real update, not a zero gradient
         for k in ("reward/mean", "train/loss", "train/grad_norm", "train/optimizer_steps"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     for p1, p2 in zip(plain[0]["params"], bal[0]["params"]):
         # 2 steps x 2 minibatches of Adam at lr 1e-3: within 1% of one Adam step
         torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-5, rtol=0)
     assert bal[0]["params"] == bal[1]["params"]  # the ranks hold the same weights
+
+
+def test_micro_batches_same_update_with_and_without_balancing(tmp_path, setup):
+    """algorithm.micro_batch_tokens cuts each rank's minibatch into micro-batches of
+    similar width and accumulates gradients: the update is the one-pass update, with a
+    reference KL and recomputed old log-probs (the no-grad passes) too."""
+    root, model = setup
+    extra = ["algorithm.kl_coef=0.05", "algorithm.recompute_old_logprobs=true"]
+    runs = [
+        _overrides(root, model, False) + extra,
+        _overrides(root, model, False) + extra + ["algorithm.micro_batch_tokens=48"],
+        _overrides(root, model, True) + extra + ["algorithm.micro_batch_tokens=48"],
+    ]
+    (one0, micro0, both0), (one1, micro1, both1) = _run(tmp_path, runs)
+    for step in range(2):
+        a = one0["rows"][step]
+        assert "train/micro_batches" not in a
+        assert a["train/grad_norm"] > 0 and a["train/kl"] > 0 or step == 0
+        for b in (micro0["rows"][step], both0["rows"][step]):
+            assert b["train/micro_batches"] > 2  # more than one per rank and minibatch
+            for k in ("reward/mean", "train/loss", "train/grad_norm", "train/kl"):
+                assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    for run in (micro0, both0):
+        for p1, p2 in zip(one0["params"], run["params"]):
+            torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-5, rtol=0)
+    assert micro0["params"] == micro1["params"] and both0["params"] == both1["params"]

@@ -71,6 +71,13 @@ def check_engines(cfg) -> None:
     from mmyatt.config import ConfigError
 
     t, r, j = cfg.train, cfg.rollout, cfg.reward.judge
+    micro = cfg.algorithm.micro_batch_tokens
+    if micro and (t.backend != "replica" or cfg.algorithm.name == "diffusion_nft"):
+        raise ConfigError(  # sharded engines run every forward as a collective
+            f"algorithm.micro_batch_tokens={micro} needs train.backend=replica (got "
+            f"{t.backend}) and a policy-gradient loss (got algorithm.name="
+            f"{cfg.algorithm.name}); set it to 0"
+        )
     if t.backend == "megatron":
         if cfg.model.kind != "text":
             raise ConfigError(

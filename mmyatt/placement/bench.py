@@ -344,9 +344,14 @@ def _dispatch_arms(tmp: Path, base: list[str], steps: int, rounds: int) -> dict:
     return out
 
 
-def _balance_arms(tmp: Path, base: list[str], steps: int) -> dict:
+MICRO_BATCH_TOKENS = 512  # the micro-batch arms (balance workload; bench/micro_batches_ab.py)
+
+
+def _balance_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict:
     """Balanced controllers on a skewed step: rank 0 draws the long prompts (20-40
-    terms), rank 1 the short ones (1-2 terms); placement.balance off, then on."""
+    terms), rank 1 the short ones (1-2 terms). Four arms in rotated rounds:
+    placement.balance off and on, each with one pass per minibatch and with
+    micro-batches of at most MICRO_BATCH_TOKENS padded tokens."""
     import random
 
     from mmyatt.datasets.synthetic import write_jsonl
@@ -360,21 +365,52 @@ def _balance_arms(tmp: Path, base: list[str], steps: int) -> dict:
     write_jsonl(data, recs)
     skew = [f"data.train={data}", f"data.eval={data}", "data.shuffle=false"]
     skew += ["model.max_prompt_tokens=128", *RULE, "placement.mode=shared"]
-    out = {}
-    for on in (False, True):
-        rd = tmp / f"balance_{on}"
-        t0 = time.perf_counter()
-        _train(rd, base + skew + [f"placement.balance={str(on).lower()}"])
-        rows = _rows(rd, first=2)
-        out["on" if on else "off"] = {
-            "steps_measured": len(rows),
-            "step_s": _mean([r.get("timing/step_s") for r in rows]),
-            "train_s": _mean([r.get("placement/train_s") for r in rows]),
-            "work_max_over_mean_before": _mean([r.get("placement/balance_before") for r in rows]),
-            "work_max_over_mean_after": _mean([r.get("placement/balance_after") for r in rows]),
-            "samples_moved_per_step": _mean([r.get("placement/balance_moved") for r in rows]),
-            "wall_s": time.perf_counter() - t0,
-        }
+    arms = {
+        "off": (False, 0),
+        "on": (True, 0),
+        "off_micro": (False, MICRO_BATCH_TOKENS),
+        "on_micro": (True, MICRO_BATCH_TOKENS),
+    }
+    runs: dict[str, list[dict]] = {k: [] for k in arms}
+    for rnd in range(rounds):
+        names = list(arms)
+        names = names[rnd % len(names) :] + names[: rnd % len(names)]  # rotated
+        for name in names:
+            on, tokens = arms[name]
+            rd = tmp / f"balance_{name}_{rnd}"
+            t0 = time.perf_counter()
+            ov = [f"placement.balance={str(on).lower()}", f"algorithm.micro_batch_tokens={tokens}"]
+            _train(rd, base + skew + ov)
+            rows = _rows(rd, first=2)
+            runs[name].append(
+                {
+                    "steps_measured": len(rows),
+                    "step_s": _mean([r.get("timing/step_s") for r in rows]),
+                    "train_s": _mean([r.get("placement/train_s") for r in rows]),
+                    "work_max_over_mean_before": _mean(
+                        [r.get("placement/balance_before") for r in rows]
+                    ),
+                    "work_max_over_mean_after": _mean(
+                        [r.get("placement/balance_after") for r in rows]
+                    ),
+                    "samples_moved_per_step": _mean(
+                        [r.get("placement/balance_moved") for r in rows]
+                    ),
+                    "micro_batches_per_minibatch": _mean(
+                        [r.get("train/micro_batches") for r in rows]
+                    ),
+                    "wall_s": time.perf_counter() - t0,
+                }
+            )
+    out: dict = {"rounds": rounds, "micro_batch_tokens": MICRO_BATCH_TOKENS}
+    for name, per in runs.items():
+        out[name] = {k: _mean([p[k] for p in per]) for k in per[0]}
+        out[name]["train_s_per_round"] = [p["train_s"] for p in per]
+    pairs = (("on", "off"), ("on_micro", "off_micro"), ("off_micro", "off"), ("on_micro", "off"))
+    for num, den in pairs:  # training phase, paired round by round
+        out[f"train_s_{num}_over_{den}"] = paired_ratio(
+            [p["train_s"] for p in runs[num]], [p["train_s"] for p in runs[den]]
+        )
     return out
 
 
@@ -433,7 +469,7 @@ def bench_placement(
                 _save(out, progress)
                 continue
             if wl == "balance":
-                out["balance_run"] = _balance_arms(tmp, base, steps)
+                out["balance_run"] = _balance_arms(tmp, base, steps, rounds)
                 print(f"[bench] placement balance: {out['balance_run']}", flush=True)
                 _save(out, progress)
                 continue

@@ -1,0 +1,80 @@
+"""Micro-batches of a bounded padded width (``algorithm.micro_batch_tokens``,
+mmyatt/batches.py) against hand-worked cuts; every row once, the budget kept."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from mmyatt.batches import micro_batch_cost, row_widths, token_micro_batches
+from mmyatt.rollout import Rollout
+
+P, A = 4, 4  # prompt and action columns
+
+
+def _rollout(rows: list[tuple[str, int, int]]) -> Rollout:
+    """One sample per (prompt id, prompt tokens, completion tokens); prompts left-padded
+    to P columns, completions right-padded to A."""
+    n = len(rows)
+    attn = torch.zeros(n, P + A, dtype=torch.long)
+    mask = torch.zeros(n, A)
+    for i, (_, p, a) in enumerate(rows):
+        attn[i, P - p : P + a] = 1
+        mask[i, :a] = 1
+    return Rollout(
+        [pid for pid, _, _ in rows],
+        torch.zeros(n, A, dtype=torch.long),
+        torch.zeros(n, A),
+        mask,
+        {"input_ids": attn.clone(), "attention_mask": attn, "temperature": 1.0},
+        [""] * n,
+        [{}] * n,
+    )
+
+
+# groups: a (prompt 3; completions 2, 1), b (prompt 1; 4, 4), c (prompt 4; 4)
+ROWS = [("a", 3, 2), ("a", 3, 1), ("b", 1, 4), ("b", 1, 4), ("c", 4, 4)]
+
+
+def test_row_widths():
+    assert row_widths(_rollout(ROWS)) == ([3, 3, 1, 1, 4], [2, 1, 4, 4, 4])
+
+
+def test_cuts_by_hand():
+    r = _rollout(ROWS)
+    # cost = prompts x widest prompt + rows x longest completion. Completions 2 1 4 4 4:
+    # longest first, ties in order: 2 3 4 0 1. Budget 16: 2 + 3 (one prompt, b) = 1 x 1 +
+    # 2 x 4 = 9; + 4 = 2 x 4 + 3 x 4 = 20 > 16. 4 + 0 = 2 x 4 + 2 x 4 = 16; + 1 = 20.
+    # Each micro-batch keeps the rows' order.
+    assert token_micro_batches(r, 16) == [[2, 3], [0, 4], [1]]
+    # budget 24: 2 3 4 = 20 fits, + 0 = 3 x 4 + 4 x 4 = 28 does not; 0 + 1 = 3 + 2 x 2 = 7
+    assert token_micro_batches(r, 24) == [[2, 3, 4], [0, 1]]
+    # budget 6: no two rows fit (0 + 1, one prompt, is 7); row 4 (8) alone
+    assert token_micro_batches(r, 6) == [[2], [3], [4], [0], [1]]
+    # 0: one pass over everything, in order
+    assert token_micro_batches(r, 0) == [[0, 1, 2, 3, 4]]
+
+
+def test_a_group_shares_its_prompt_in_the_cost():
+    r = _rollout(ROWS)
+    prompt, action = row_widths(r)
+    assert micro_batch_cost(r, [0, 1], prompt, action) == 1 * 3 + 2 * 2
+    assert micro_batch_cost(r, [0, 2, 4], prompt, action) == 3 * 4 + 3 * 4
+
+
+def test_every_row_once_and_the_budget_kept():
+    rng = random.Random(0)
+    for trial in range(50):
+        rows = []
+        for g in range(rng.randint(1, 6)):
+            p = rng.randint(1, P)
+            rows += [(f"g{g}", p, rng.randint(0, A)) for _ in range(rng.randint(1, 5))]
+        r, budget = _rollout(rows), rng.randint(1, 40)
+        parts = token_micro_batches(r, budget)
+        assert sorted(i for part in parts for i in part) == list(range(len(rows))), trial
+        prompt, action = row_widths(r)
+        for part in parts:
+            cost = micro_batch_cost(r, part, prompt, action)
+            assert cost <= budget or len(part) == 1, (trial, part, cost)
+            assert part == sorted(part)
