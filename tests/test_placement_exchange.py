@@ -18,7 +18,7 @@ from mmyatt.config import load_config
 from mmyatt.controller import Controller
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import free_port, init_from_env, shutdown
-from mmyatt.placement.exchange import assign_parts, concat_padded
+from mmyatt.placement.exchange import assign_parts, concat_padded, group_costs
 from mmyatt.rollout import Rollout
 
 
@@ -48,6 +48,16 @@ def test_concat_padded_left_pads_the_text_context():
     assert r.context["input_ids"].tolist() == [[7] * 5, [0, 0, 9, 9, 9], [0, 0, 9, 9, 9]]
     assert r.context["attention_mask"][1].tolist() == [0, 0, 1, 1, 1]
     assert r.actions.shape == (3, 2) and r.outputs == [None] * 3
+
+
+def test_group_costs_count_the_prompt_once():
+    # two groups: p7 (prompt 3, 2 samples x 2 actions) and p9 (prompt 1, 1 sample)
+    r = concat_padded([_text_rollout(3, 2, 7), _text_rollout(1, 1, 9)])
+    assert r.prompt_ids == ["p7", "p7", "p9"]
+    assert group_costs(r, "text") == [3 + 2 * 2, 1 + 2]
+    r.mask[0, 1] = 0  # a completion one action shorter
+    assert group_costs(r, "text") == [3 + 3, 1 + 2]
+    assert group_costs(r, "flow") == [3, 2]  # trained transitions only
 
 
 CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. Yes"] * 40
@@ -81,7 +91,7 @@ def _overrides(root: Path, model: Path, balance: bool) -> list[str]:
         f"data.train={root / 'm.jsonl'}",
         f"data.eval={root / 'm.jsonl'}",
         "data.shuffle=false",
-        "data.prompts_per_step=4",
+        "data.prompts_per_step=8",
         "sampling.group_size=4",
         "sampling.max_new_tokens=4",
         "model.max_prompt_tokens=256",

@@ -1,8 +1,10 @@
 """Balanced controllers in the step (``placement.balance``): after advantages, each
-minibatch's samples are re-partitioned over the controllers with Karmarkar-Karp
-(``balance.py``) so that every rank gets the same number of samples and nearly the
-same training work; the samples that change rank travel as tensors over the process
-group (point-to-point sends, gloo on CPU).
+minibatch's prompt groups are re-partitioned over the controllers with Karmarkar-Karp
+(``balance.py``) so that every rank gets the same number of groups (when the ranks'
+groups divide evenly) and nearly the same training work; the groups that change rank
+travel as tensors over the process group (point-to-point sends, gloo on CPU). Groups
+move whole: the policy runs a group's prompt once for all its samples (the cost model
+counts it once), and a group split over two ranks would run it on both.
 
 What travels: the token / latent tensors a sample trains on (actions, sampling
 log-probs, mask, the adapter's tensor context such as ``input_ids`` / latents,
@@ -14,7 +16,7 @@ Minibatch j of the balanced step holds exactly the samples that minibatch j of e
 rank held before (only their rank changes), and the gradient all-reduce sums over all
 ranks, so the update is the one without balancing, up to summation order
 (tests/test_placement_exchange.py). Every rank runs the same number of minibatches and,
-with an equal-size partition, the same number of samples in each.
+with an equal-size partition, the same number of groups in each.
 
 Text contexts of different prompt widths are joined by left-padding ``input_ids`` /
 ``attention_mask`` (masked columns: positions come from the mask); action tensors have
@@ -35,16 +37,26 @@ from mmyatt.rollout import Rollout
 LEFT_PADDED = ("input_ids", "attention_mask")  # text context: prompt left-padded
 
 
-def sample_costs(r: Rollout | None, kind: str) -> list[float]:
-    """Training work per sample (cost model of balance.py): text tokens (prompt and
-    completion) for text; trained denoising transitions for flow models."""
+def group_costs(r: Rollout | None, kind: str) -> list[float]:
+    """Training work per prompt group of ``r`` (cost model of balance.py), in group
+    order: text tokens for text, the prompt counted once (the policy runs a group's
+    prompt once and each completion after it) and every completion; trained denoising
+    transitions for flow models."""
     if r is None or len(r) == 0:
         return []
     if kind == "flow":
-        return [sample_cost(transitions=float(n)) for n in r.mask.sum(1).tolist()]
+        per = r.mask.sum(1)
+        return [sample_cost(transitions=float(per[sl].sum())) for sl in r.group_slices()]
     attn = r.context.get("attention_mask")
-    tokens = attn.sum(1) if attn is not None else r.mask.sum(1)
-    return [sample_cost(text_tokens=float(n)) for n in tokens.tolist()]
+    completion = r.mask.sum(1)
+    prompt = attn[:, : attn.shape[1] - r.num_actions].sum(1) if attn is not None else None
+    out = []
+    for sl in r.group_slices():
+        tokens = float(completion[sl].sum()) + (
+            float(prompt[sl].max()) if prompt is not None else 0
+        )
+        out.append(sample_cost(text_tokens=tokens))
+    return out
 
 
 def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
@@ -77,19 +89,20 @@ class Exchange:
         """This rank's balanced samples (minibatches concatenated; ``self.sizes`` gives
         their lengths) and max/mean rank work before and after."""
         P, me = self.dist.world_size, self.dist.rank
-        local = [sample_costs(mb, self.kind) for mb in minibatches]
+        local = [group_costs(mb, self.kind) for mb in minibatches]
         everyone = [None] * P
         tdist.all_gather_object(everyone, local)
         send: dict[int, list[list[int]]] = {}  # dest -> per minibatch, local rows
-        recv_from: dict[int, list[int]] = {}  # src -> per minibatch, rows expected
+        recv_from: dict[int, list[int]] = {}  # src -> per minibatch, groups expected
         keep: list[list[int]] = []
         before, after = [0.0] * P, [0.0] * P
-        for j in range(len(minibatches)):
-            costs, owner, row = [], [], []
+        for j, mb in enumerate(minibatches):
+            slices = mb.group_slices() if mb is not None else []
+            costs, owner, index = [], [], []  # per group of every rank
             for r in range(P):
                 costs += everyone[r][j]
                 owner += [r] * len(everyone[r][j])
-                row += list(range(len(everyone[r][j])))
+                index += list(range(len(everyone[r][j])))
             for g, c in enumerate(costs):
                 before[owner[g]] += c
             parts = karmarkar_karp(costs, P, equal_size=len(costs) % P == 0)
@@ -100,10 +113,12 @@ class Exchange:
                 after[dest] += sum(costs[g] for g in items)
                 for g in items:
                     src = owner[g]
-                    if src == me and dest == me:
-                        mine.append(row[g])
-                    elif src == me:
-                        send.setdefault(dest, [[] for _ in minibatches])[j].append(row[g])
+                    if src == me:
+                        rows = list(range(slices[index[g]].start, slices[index[g]].stop))
+                        if dest == me:
+                            mine += rows
+                        else:
+                            send.setdefault(dest, [[] for _ in minibatches])[j].extend(rows)
                     elif dest == me:
                         recv_from.setdefault(src, [0] * len(minibatches))[j] += 1
             keep.append(sorted(mine))
