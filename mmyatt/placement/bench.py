@@ -387,6 +387,8 @@ def _balance_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> di
                     "steps_measured": len(rows),
                     "step_s": _mean([r.get("timing/step_s") for r in rows]),
                     "train_s": _mean([r.get("placement/train_s") for r in rows]),
+                    "balance_s": _mean([r.get("timing/balance_s") for r in rows]),  # exchange
+                    "update_s": _mean([r.get("timing/update_s") for r in rows]),
                     "work_max_over_mean_before": _mean(
                         [r.get("placement/balance_before") for r in rows]
                     ),
