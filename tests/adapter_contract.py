@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from mmyatt.batches import micro_batch_cost, row_widths, token_micro_batches
 from mmyatt.models.protocol import Policy, Sampling
 from mmyatt.rollout import Rollout
 
@@ -69,6 +70,23 @@ class AdapterContract:
         assert lp.shape == r.logprobs.shape
         ratio = torch.exp(lp[m] - r.logprobs[m])
         assert torch.allclose(ratio, torch.ones_like(ratio), atol=self.atol), ratio
+
+    def test_micro_batches_give_the_batch_logprobs(self):
+        # algorithm.micro_batch_tokens and minibatches score row subsets: each row's
+        # log-probs and entropy must not depend on which other rows share its pass
+        policy, prompts = self.make_policy(), self.make_prompts()
+        r = self._rollout(policy, prompts)
+        prompt, action = row_widths(r)
+        budget = micro_batch_cost(r, list(range(len(r))), prompt, action) // 2
+        parts = token_micro_batches(r, budget)
+        assert len(parts) >= 2 and sorted(sum(parts, [])) == list(range(len(r)))
+        with torch.no_grad():
+            lp, ent = policy.logprobs(r, with_entropy=True)
+            for rows in parts:
+                lp_part, ent_part = policy.logprobs(r.select(rows), with_entropy=True)
+                m = r.mask[rows].bool()
+                assert torch.allclose(lp_part[m], lp[rows][m], atol=self.atol)
+                assert torch.allclose(ent_part[m], ent[rows][m], atol=self.atol)
 
     def test_logprobs_are_differentiable(self):
         policy, prompts = self.make_policy(), self.make_prompts()
