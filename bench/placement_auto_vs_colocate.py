@@ -7,16 +7,16 @@ alternating rounds. Compares the phase times of each arm's colocate steps: in th
 """
 
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
+from mmyatt.placement.bench_figures import _mean
 
 
 def mean(key: str, rows: list[dict]) -> float | None:
-    return statistics.fmean(r[key] for r in rows) if rows else None
+    return _mean([r.get(key) for r in rows])
 
 
 def main(steps: int, rounds: int, out_path: str) -> None:
@@ -58,9 +58,4 @@ def main(steps: int, rounds: int, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(
-        int(args[0]) if args else 21,
-        int(args[1]) if len(args) > 1 else 3,
-        args[2] if len(args) > 2 else "bench/placement/auto_vs_colocate.json",
-    )
+    main(*B.probe_argv(sys.argv[1:], 21, 3, "bench/placement/auto_vs_colocate.json"))

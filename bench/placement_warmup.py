@@ -44,9 +44,4 @@ def main(steps: int, rounds: int, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(
-        int(args[0]) if args else 21,
-        int(args[1]) if len(args) > 1 else 3,
-        args[2] if len(args) > 2 else "bench/placement/warmup_judge_comparable.json",
-    )
+    main(*B.probe_argv(sys.argv[1:], 21, 3, "bench/placement/warmup_judge_comparable.json"))

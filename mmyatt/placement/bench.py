@@ -237,6 +237,16 @@ def _models(tmp: Path) -> tuple[Path, Path]:
     return policy, judge
 
 
+def probe_argv(argv: list[str], steps: int, rounds: int, out: str) -> tuple[int, int, str]:
+    """A probe script's command line under bench/, ``[STEPS [ROUNDS [OUT]]]``, with the
+    script's defaults for what is left out."""
+    return (
+        int(argv[0]) if argv else steps,
+        int(argv[1]) if len(argv) > 1 else rounds,
+        argv[2] if len(argv) > 2 else out,
+    )
+
+
 def _big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     """A qwen2-1m model's tokenizer with a ``BIG``-sized seeded Qwen2 model in place of
     its weights. Returns the directory and the parameter count."""
@@ -312,33 +322,52 @@ def _memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dic
     return out
 
 
+def _arm_rounds(
+    tmp: Path, label: str, base: list[str], arms: dict[str, list[str]], rounds: int, figures: dict
+) -> dict[str, list[dict]]:
+    """Each arm (name -> overrides added to ``base``) trained ``rounds`` times, in an order
+    rotated every round (alternating for two arms). Per run: the mean over steps 2 on of
+    each metric ``figures`` names (figure -> metrics.jsonl key), the steps measured and
+    the run's wall time."""
+    runs: dict[str, list[dict]] = {a: [] for a in arms}
+    names = list(arms)
+    for k in range(rounds):
+        for a in names[k % len(names) :] + names[: k % len(names)]:
+            rd = tmp / f"{label}_{a}_r{k}"
+            t0 = time.perf_counter()
+            _train(rd, base + arms[a])
+            rows = _rows(rd, first=2)
+            rec = {f: _mean([r.get(key) for r in rows]) for f, key in figures.items()}
+            rec.update(steps_measured=len(rows), wall_s=time.perf_counter() - t0)
+            runs[a].append(rec)
+            print(f"[bench] {label} round {k + 1} {a}: {rec}", flush=True)
+    return runs
+
+
+def _arm_means(runs: dict[str, list[dict]], per_round: str) -> dict[str, dict]:
+    """Each arm's figures averaged over its rounds, with ``per_round``'s list kept."""
+    out = {}
+    for a, per in runs.items():
+        out[a] = {k: _mean([p[k] for p in per]) for k in per[0]}
+        out[a][f"{per_round}_per_round"] = [p[per_round] for p in per]
+    return out
+
+
 def _dispatch_arms(tmp: Path, base: list[str], steps: int, rounds: int) -> dict:
     """Long-tail over-dispatch on the heavy-tailed rule workload (shared mode):
     rollout.over_dispatch_ratio 1 (every prompt drawn is trained on) against 1.5,
     alternating, ``rounds`` times each."""
-    runs: dict[str, list] = {"1.0": [], "1.5": []}
-    for k in range(rounds):
-        for r in ("1.0", "1.5") if k % 2 == 0 else ("1.5", "1.0"):
-            rd = tmp / f"dispatch_{r}_r{k}"
-            _train(rd, base + [*RULE, "placement.mode=shared", f"rollout.over_dispatch_ratio={r}"])
-            rows = _rows(rd, first=2)
-            runs[r].append(
-                {
-                    k2: _mean([row.get(k1) for row in rows])
-                    for k1, k2 in (
-                        ("timing/step_s", "step_s"),
-                        ("timing/generate_s", "generate_s"),
-                        ("response_length/mean", "response_length_mean"),
-                        ("response_length/truncated_frac", "truncated_frac"),
-                        ("rollout/cut_short_prompts", "cut_short_prompts"),
-                        ("rollout/carried_prompts", "carried_prompts"),
-                    )
-                }
-            )
-    out = {}
-    for r, arms in runs.items():
-        out[r] = {k: _mean([a[k] for a in arms]) for k in arms[0]}
-        out[r]["step_s_per_round"] = [a["step_s"] for a in arms]
+    shared = base + [*RULE, "placement.mode=shared"]
+    arms = {r: [f"rollout.over_dispatch_ratio={r}"] for r in ("1.0", "1.5")}
+    figures = {
+        "step_s": "timing/step_s",
+        "generate_s": "timing/generate_s",
+        "response_length_mean": "response_length/mean",
+        "truncated_frac": "response_length/truncated_frac",
+        "cut_short_prompts": "rollout/cut_short_prompts",
+        "carried_prompts": "rollout/carried_prompts",
+    }
+    out = _arm_means(_arm_rounds(tmp, "dispatch", shared, arms, rounds, figures), "step_s")
     out["generate_ratio"] = out["1.5"]["generate_s"] / out["1.0"]["generate_s"]
     out["step_ratio"] = out["1.5"]["step_s"] / out["1.0"]["step_s"]
     return out
@@ -366,48 +395,27 @@ def _balance_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> di
     skew = [f"data.train={data}", f"data.eval={data}", "data.shuffle=false"]
     skew += ["model.max_prompt_tokens=128", *RULE, "placement.mode=shared"]
     arms = {
-        "off": (False, 0),
-        "on": (True, 0),
-        "off_micro": (False, MICRO_BATCH_TOKENS),
-        "on_micro": (True, MICRO_BATCH_TOKENS),
+        name: [f"placement.balance={on}", f"algorithm.micro_batch_tokens={tokens}"]
+        for name, on, tokens in (
+            ("off", "false", 0),
+            ("on", "true", 0),
+            ("off_micro", "false", MICRO_BATCH_TOKENS),
+            ("on_micro", "true", MICRO_BATCH_TOKENS),
+        )
     }
-    runs: dict[str, list[dict]] = {k: [] for k in arms}
-    for rnd in range(rounds):
-        names = list(arms)
-        names = names[rnd % len(names) :] + names[: rnd % len(names)]  # rotated
-        for name in names:
-            on, tokens = arms[name]
-            rd = tmp / f"balance_{name}_{rnd}"
-            t0 = time.perf_counter()
-            ov = [f"placement.balance={str(on).lower()}", f"algorithm.micro_batch_tokens={tokens}"]
-            _train(rd, base + skew + ov)
-            rows = _rows(rd, first=2)
-            runs[name].append(
-                {
-                    "steps_measured": len(rows),
-                    "step_s": _mean([r.get("timing/step_s") for r in rows]),
-                    "train_s": _mean([r.get("placement/train_s") for r in rows]),
-                    "balance_s": _mean([r.get("timing/balance_s") for r in rows]),  # exchange
-                    "update_s": _mean([r.get("timing/update_s") for r in rows]),
-                    "work_max_over_mean_before": _mean(
-                        [r.get("placement/balance_before") for r in rows]
-                    ),
-                    "work_max_over_mean_after": _mean(
-                        [r.get("placement/balance_after") for r in rows]
-                    ),
-                    "samples_moved_per_step": _mean(
-                        [r.get("placement/balance_moved") for r in rows]
-                    ),
-                    "micro_batches_per_minibatch": _mean(
-                        [r.get("train/micro_batches") for r in rows]
-                    ),
-                    "wall_s": time.perf_counter() - t0,
-                }
-            )
+    figures = {
+        "step_s": "timing/step_s",
+        "train_s": "placement/train_s",
+        "balance_s": "timing/balance_s",  # the exchange
+        "update_s": "timing/update_s",
+        "work_max_over_mean_before": "placement/balance_before",
+        "work_max_over_mean_after": "placement/balance_after",
+        "samples_moved_per_step": "placement/balance_moved",
+        "micro_batches_per_minibatch": "train/micro_batches",
+    }
+    runs = _arm_rounds(tmp, "balance", base + skew, arms, rounds, figures)
     out: dict = {"rounds": rounds, "micro_batch_tokens": MICRO_BATCH_TOKENS}
-    for name, per in runs.items():
-        out[name] = {k: _mean([p[k] for p in per]) for k in per[0]}
-        out[name]["train_s_per_round"] = [p["train_s"] for p in per]
+    out.update(_arm_means(runs, "train_s"))
     pairs = (("on", "off"), ("on_micro", "off_micro"), ("off_micro", "off"), ("on_micro", "off"))
     for num, den in pairs:  # training phase, paired round by round
         out[f"train_s_{num}_over_{den}"] = paired_ratio(
