@@ -63,7 +63,18 @@ def micro_batch_cost(r: Rollout, rows: list[int], prompt: list[int], action: lis
     return prompts * max(prompt[i] for i in rows) + len(rows) * max(action[i] for i in rows)
 
 
-def token_micro_batches(r: Rollout, max_tokens: int) -> list[list[int]]:
+def _units(r: Rollout, rows: list[int], whole_groups: bool) -> list[list[int]]:
+    """``rows`` as the units a cut moves: single rows, or the rows of each prompt group."""
+    if not whole_groups:
+        return [[i] for i in rows]
+    index = group_index(r).tolist()
+    units: dict[int, list[int]] = {}
+    for i in rows:
+        units.setdefault(index[i], []).append(i)
+    return list(units.values())
+
+
+def token_micro_batches(r: Rollout, max_tokens: int, whole_groups: bool = False) -> list[list[int]]:
     """Rows of ``r`` cut into micro-batches of at most ``max_tokens`` padded tokens each
     (``micro_batch_cost``).
 
@@ -71,7 +82,10 @@ def token_micro_batches(r: Rollout, max_tokens: int) -> list[list[int]]:
     ones are not padded to them; within a micro-batch the rows keep their order, so the
     rows of one prompt group that land together stay adjacent and share one prompt
     pass. A single row over the budget is a micro-batch of its own. With
-    ``max_tokens <= 0``, every row in one micro-batch."""
+    ``whole_groups``, the cut moves whole prompt groups instead of rows (a group over
+    the budget alone): on a sharded engine every forward is a collective, and a
+    micro-batch of whole groups makes the same forwards as a minibatch does, whatever
+    the adapter. With ``max_tokens <= 0``, every row in one micro-batch."""
     n = len(r)
     if max_tokens <= 0 or n == 0:
         return [list(range(n))] if n else []
@@ -80,14 +94,57 @@ def token_micro_batches(r: Rollout, max_tokens: int) -> list[list[int]]:
     cur: list[int] = []
     ids: set[str] = set()
     wide = long = 0  # the current micro-batch's widest prompt, longest completion
-    for i in sorted(range(n), key=lambda i: -action[i]):  # stable: ties keep their order
-        k = len(ids | {r.prompt_ids[i]})
-        w, a = max(wide, prompt[i]), max(long, action[i])
-        if cur and k * w + (len(cur) + 1) * a > max_tokens:  # micro_batch_cost with row i
+    units = _units(r, list(range(n)), whole_groups)
+    for u in sorted(units, key=lambda u: -max(action[i] for i in u)):  # stable
+        k = len(ids | {r.prompt_ids[i] for i in u})
+        w = max(wide, *(prompt[i] for i in u))
+        a = max(long, *(action[i] for i in u))
+        if cur and k * w + (len(cur) + len(u)) * a > max_tokens:  # micro_batch_cost with u
             out.append(sorted(cur))
-            cur, ids, w, a = [], set(), prompt[i], action[i]
-        cur.append(i)
-        ids.add(r.prompt_ids[i])
+            cur, ids = [], set()
+            w, a = max(prompt[i] for i in u), max(action[i] for i in u)
+        cur += u
+        ids |= {r.prompt_ids[i] for i in u}
         wide, long = w, a
     out.append(sorted(cur))
+    return out
+
+
+def _halve(r: Rollout, units: list[list[int]], prompt: list[int], action: list[int]):
+    """A micro-batch of two or more ``units`` cut in two, its units longest completion
+    first, at the point that leaves the costlier side cheapest; each side in order."""
+    order = sorted(units, key=lambda u: -max(action[i] for i in u))  # stable
+    best, cut = None, 1
+    for k in range(1, len(order)):
+        left = [i for u in order[:k] for i in u]
+        right = [i for u in order[k:] for i in u]
+        worst = max(
+            micro_batch_cost(r, left, prompt, action), micro_batch_cost(r, right, prompt, action)
+        )
+        if best is None or worst < best:
+            best, cut = worst, k
+    return sorted(i for u in order[:cut] for i in u), sorted(i for u in order[cut:] for i in u)
+
+
+def to_count(
+    r: Rollout, parts: list[list[int]], count: int, whole_groups: bool = False
+) -> list[list[int]]:
+    """``parts`` (micro-batches of ``r``) made exactly ``count``, so that every rank runs
+    the same number of micro-batches (``count`` is the fullest rank's).
+
+    While there are too few, the costliest micro-batch of two or more units (rows, or
+    with ``whole_groups`` prompt groups) is cut in two (``_halve``); when none has two
+    (a rank with fewer units than the count), empty micro-batches make up the rest, and
+    the controller runs nothing or, on a sharded engine, a zero-weight pass for each."""
+    if count < len(parts):
+        raise ValueError(f"cannot make {len(parts)} micro-batches into {count}")
+    out = [list(p) for p in parts]
+    prompt, action = row_widths(r) if out else ([], [])
+    while len(out) < count:
+        units = [_units(r, p, whole_groups) for p in out]
+        cand = [j for j in range(len(out)) if len(units[j]) >= 2]
+        if not cand:
+            return out + [[] for _ in range(count - len(out))]
+        j = max(cand, key=lambda j: (micro_batch_cost(r, out[j], prompt, action), -j))
+        out[j : j + 1] = list(_halve(r, units[j], prompt, action))
     return out

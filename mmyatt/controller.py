@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import math
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.batches import first_groups, group_index, token_micro_batches
+from mmyatt.batches import first_groups, group_index
 from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.lr_schedule import cosine_factor
@@ -46,7 +47,15 @@ from mmyatt.protocols import (
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
 from mmyatt.rollout_log import truncate_rollouts, write_rollouts
-from mmyatt.step_parts import eval_sampling, pg_terms, rollout_metrics, train_sampling
+from mmyatt.step_parts import (
+    eval_sampling,
+    in_micro_batches,
+    micro_backward,
+    micro_parts,
+    pg_terms,
+    rollout_metrics,
+    train_sampling,
+)
 from mmyatt.trackers import make_logger
 
 
@@ -284,33 +293,34 @@ class Controller:
 
     def old_and_reference_logprobs(self, r: Rollout) -> Rollout:
         a = self.cfg.algorithm
-        if len(r) == 0 and self.engine.lockstep and self.nft is None:  # sharded: all join
-            self.engine.idle_logprob_passes(self.policy, a, self._closed_form_kl)
-        if len(r) == 0 or self.nft is not None:  # NFT: no log-probs, its KL is on velocities
+        if self.nft is not None:  # NFT: no log-probs, its KL is on velocities
+            return r
+        micro = a.micro_batch_tokens > 0  # every rank joins each pass's micro-batch count
+        if len(r) == 0 and not micro:
+            if self.engine.lockstep:  # sharded: all join
+                self.engine.idle_logprob_passes(self.policy, a, self._closed_form_kl)
             return r
         with torch.no_grad():
             if a.recompute_old_logprobs:
                 r.logprobs = self._in_micro_batches(self.policy.logprobs, r)
             if self._closed_form_kl:  # the reference's transition means, into the context
-                r = self.policy.attach_reference_means(r)
+                if len(r):
+                    r = self.policy.attach_reference_means(r)
+                elif self.engine.lockstep:
+                    self.engine.idle_reference_means(self.policy)
             elif a.kl_coef > 0:
                 r.ref_logprobs = self._in_micro_batches(self.policy.reference_logprobs, r)
         if a.overlong == "filter" and r.truncated is not None:
             r.mask = alg.overlong_filter_mask(r.mask, r.truncated)
         return r
 
+    def _micro_parts(self, r: Rollout | None) -> list[list[int]]:
+        budget = self.cfg.algorithm.micro_batch_tokens
+        return micro_parts(r, budget, self.dist, self.engine.lockstep)
+
     def _in_micro_batches(self, fn, r: Rollout) -> torch.Tensor:
-        """(N, A) ``fn(r)``, run over ``algorithm.micro_batch_tokens`` micro-batches."""
-        parts = token_micro_batches(r, self.cfg.algorithm.micro_batch_tokens)
-        if len(parts) == 1:
-            return fn(r).detach()
-        out = None
-        for rows in parts:
-            lp = fn(r.select(rows)).detach()
-            if out is None:
-                out = lp.new_zeros((len(r), *lp.shape[1:]))
-            out[torch.as_tensor(rows, device=lp.device)] = lp
-        return out
+        idle = partial(self.engine.idle_rollout, self.policy) if self.engine.lockstep else None
+        return in_micro_batches(fn, r, self._micro_parts(r), idle)
 
     def update(self, r: Rollout) -> dict[str, float]:
         """PPO epochs x minibatches; each minibatch is one optimizer step on every rank."""
@@ -344,25 +354,13 @@ class Controller:
         num = None
         if self.nft is not None:
             num = self._nft_terms(mb, local)
-        elif a.micro_batch_tokens > 0:
-            # gradients accumulate over micro-batches, each scaled by the global
-            # denominator, so that comes first (it needs only the masks)
-            parts = token_micro_batches(mb, a.micro_batch_tokens) if mb is not None else []
-            zero = mb.mask * 0 if parts else None
-            den = (
-                alg.loss_terms(zero, mb.mask, a.loss_agg, max_len=mb.num_actions)[1] if parts else 0
-            )
-            g_den = float(self.dist.sum(float(den)))
-            if g_den <= 0:
+        elif a.micro_batch_tokens > 0:  # gradients accumulate over micro-batches
+            args = (self._micro_parts(mb), a, self._closed_form_kl, local)
+            if not micro_backward(self.policy, mb, *args, self.dist, self.engine):
                 return {}
-            local["micro_batches"] = float(len(parts))
-            for rows in parts:
-                (
-                    pg_terms(self.policy, mb.select(rows), a, self._closed_form_kl, local) / g_den
-                ).backward()
         elif mb is not None and len(mb):
             num = pg_terms(self.policy, mb, a, self._closed_form_kl, local)
-        if num is None and self.engine.lockstep:  # sharded backward: every rank joins it
+        if num is None and self.engine.lockstep and a.micro_batch_tokens <= 0:  # all join
             num = self.engine.zero_weight_loss(self.policy)
         g = self.dist.sum_many(local)
         if g["den"] <= 0:

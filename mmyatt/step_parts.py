@@ -10,6 +10,7 @@ import math
 import torch
 
 from mmyatt import algorithms as alg
+from mmyatt.batches import to_count, token_micro_batches
 from mmyatt.protocols import RolloutStats, Sampling
 from mmyatt.rollout import Rollout
 
@@ -125,3 +126,58 @@ def pg_terms(policy, mb: Rollout, a, closed_form_kl: bool, local: dict):
     for k in ("clip_frac", "ratio_mean", "approx_kl"):
         local[k] += float(m[k]) * ntok
     return num
+
+
+def micro_parts(r: Rollout | None, budget: int, dist, lockstep: bool) -> list[list[int]]:
+    """This rank's micro-batches of ``r`` (``algorithm.micro_batch_tokens``), as many as
+    the fullest rank's (one all-reduce): every rank runs the same number, some of them
+    empty where a rank has too few rows (``batches.to_count``). On a sharded engine they
+    hold whole prompt groups, so each makes the forwards a minibatch makes, on every
+    rank. ``budget <= 0``: one pass, no collective."""
+    n = 0 if r is None else len(r)
+    if budget <= 0:
+        return [list(range(n))] if n else []
+    parts = token_micro_batches(r, budget, lockstep) if n else []
+    count = max(dist.gather_ints(len(parts)))
+    return to_count(r, parts, count, lockstep) if n else [[] for _ in range(count)]
+
+
+def in_micro_batches(fn, r: Rollout, parts: list[list[int]], idle) -> torch.Tensor:
+    """(N, A) ``fn(r)`` with no gradient, run over ``parts``; an empty part runs
+    ``fn(idle())`` if ``idle`` is given (a sharded engine's filler), its result dropped."""
+    out = None
+    for rows in parts:
+        if not rows:
+            if idle is not None:
+                fn(idle())
+            continue
+        lp = fn(r if len(parts) == 1 else r.select(rows)).detach()
+        if len(parts) == 1:
+            return lp
+        if out is None:
+            out = lp.new_zeros((len(r), *lp.shape[1:]))
+        out[torch.as_tensor(rows, device=lp.device)] = lp
+    return out if out is not None else r.mask.new_zeros(r.mask.shape)
+
+
+def micro_backward(policy, mb, parts, a, closed_form_kl: bool, local: dict, dist, engine) -> bool:
+    """The backward of the minibatch ``mb`` over ``parts``, this rank's micro-batches (as
+    many as every rank's, ``micro_parts``): each micro-batch's loss numerator is divided
+    by the minibatch's global denominator, all-reduced first (it needs only the masks),
+    so the gradients add up to the one-pass update's. Statistics go into ``local``. An
+    empty part runs a sharded engine's zero-weight pass. False (and no backward) when no
+    rank has a counted action."""
+    den = 0.0
+    if any(parts):
+        zero = mb.mask * 0
+        den = float(alg.loss_terms(zero, mb.mask, a.loss_agg, max_len=mb.num_actions)[1])
+    g_den = float(dist.sum(den))
+    if g_den <= 0:
+        return False
+    local["micro_batches"] = float(sum(1 for rows in parts if rows))
+    for rows in parts:
+        if rows:
+            (pg_terms(policy, mb.select(rows), a, closed_form_kl, local) / g_den).backward()
+        elif engine.lockstep:  # a sharded backward: every rank joins it
+            engine.zero_weight_loss(policy).backward()
+    return True

@@ -46,6 +46,7 @@ def mmyatt(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         text=True,
         env=env,
         cwd=tmp_path,
+        timeout=1200,  # a hung collective fails the test instead of the whole suite
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc

@@ -89,8 +89,10 @@ def test_micro_batch_tokens_checked():
     )
     with pytest.raises(ConfigError, match=r"algorithm.micro_batch_tokens must be >= 0"):
         load_config(None, ["algorithm.micro_batch_tokens=-1"])
-    with pytest.raises(ConfigError, match=r"micro_batch_tokens=64 needs train.backend=replica"):
-        load_config(None, ["algorithm.micro_batch_tokens=64", "train.backend=fsdp2"])
+    fsdp2 = ["algorithm.micro_batch_tokens=64", "train.backend=fsdp2"]
+    assert load_config(None, fsdp2).algorithm.micro_batch_tokens == 64
+    with pytest.raises(ConfigError, match=r"needs train.backend=replica or fsdp2 \(got megatron"):
+        load_config(None, ["algorithm.micro_batch_tokens=64", "train.backend=megatron"])
     with pytest.raises(ConfigError, match=r"algorithm.name=diffusion_nft\); set it to 0"):
         load_config(
             None,

@@ -436,3 +436,41 @@ def test_fsdp2_flow_grpo_ranks_with_unequal_rows(tmp_path):
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
     assert losses(a) == pytest.approx(losses(b), rel=1e-4, abs=1e-6)
+
+
+def test_fsdp2_micro_batches_match_the_replica_in_one_pass(tmp_path):
+    """algorithm.micro_batch_tokens under FSDP2: micro-batches of whole groups, as many on
+    each rank as on the fullest (a rank with fewer runs zero-weight passes), with
+    recomputed old log-probs and a reference KL, each a sharded forward. Dynamic
+    sampling leaves the ranks different numbers of groups, so the counts differ before
+    they are made equal; the run finishes and reaches the one-pass replica's weights."""
+    (tmp_path / "oddreward.py").write_text(
+        "def reward(completion, record):\n"
+        "    return 1.0 if record['_index'] % 3 else len(completion) / 10.0\n"
+    )
+    args = [
+        *[a for a in TINY if not a.startswith(("trainer.steps", "algorithm.dynamic"))],
+        *("trainer.steps=3", "distributed.nproc=2", "data.prompts_per_step=6"),
+        *("sampling.max_new_tokens=12", "algorithm.minibatches=2"),
+        *("algorithm.dynamic_sampling=true", "algorithm.max_refill_rounds=0"),
+        *("algorithm.recompute_old_logprobs=true", "algorithm.kl_coef=0.05"),
+        "reward.functions=[{name: 'oddreward:reward'}]",
+    ]
+    a, b = tmp_path / "replica", tmp_path / "fsdp2"
+    mmyatt(tmp_path, "train", TEXT, *args, "train.backend=replica", "--run-dir", str(a))
+    mmyatt(
+        tmp_path, "train", TEXT, *args, "train.backend=fsdp2",
+        "algorithm.micro_batch_tokens=20", "--run-dir", str(b),
+    )  # fmt: skip
+    rows = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    kept = [r["dynamic/kept_groups"] for r in rows if "dynamic/kept_groups" in r]
+    micro = [r["train/micro_batches"] for r in rows if "train/micro_batches" in r]
+    assert any(k % 2 for k in kept), kept  # an odd number of groups: the ranks differ
+    assert any(m > 1 for m in micro), micro  # more than one pass per minibatch
+    wa, wb = weights(a), weights(b)
+    diff = torch.cat([(wb[k] - wa[k]).abs().flatten() for k in wa])
+    # the same AdamW rounding-noise allowance as test_fsdp2_reaches_the_replica_parameters
+    assert float(diff.max()) < 2e-4 and float(diff.mean()) < 1e-6
+    assert float((diff > 1e-6).float().mean()) < 0.01
+    for key in ("train/loss", "train/grad_norm", "train/kl"):
+        torch.testing.assert_close(torch.tensor(losses(b, key)), torch.tensor(losses(a, key)))

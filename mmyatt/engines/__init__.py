@@ -72,9 +72,9 @@ def check_engines(cfg) -> None:
 
     t, r, j = cfg.train, cfg.rollout, cfg.reward.judge
     micro = cfg.algorithm.micro_batch_tokens
-    if micro and (t.backend != "replica" or cfg.algorithm.name == "diffusion_nft"):
-        raise ConfigError(  # sharded engines run every forward as a collective
-            f"algorithm.micro_batch_tokens={micro} needs train.backend=replica (got "
+    if micro and (t.backend == "megatron" or cfg.algorithm.name == "diffusion_nft"):
+        raise ConfigError(  # megatron: not built for its model-parallel groups
+            f"algorithm.micro_batch_tokens={micro} needs train.backend=replica or fsdp2 (got "
             f"{t.backend}) and a policy-gradient loss (got algorithm.name="
             f"{cfg.algorithm.name}); set it to 0"
         )
@@ -340,9 +340,15 @@ class LockstepMixin:
         if algorithm.recompute_old_logprobs:
             policy.logprobs(filler)
         if closed_form_kl:
-            policy.attach_reference_means(filler.select([0]))
+            self.idle_reference_means(policy)
         elif algorithm.kl_coef > 0:
             policy.reference_logprobs(filler)
+
+
+    @torch.no_grad()
+    def idle_reference_means(self, policy) -> None:
+        """The reference forward ``attach_reference_means`` makes, on the filler."""
+        policy.attach_reference_means(self._filler(policy).select([0]))
 
 
 def controller_dist(cfg, dist):
