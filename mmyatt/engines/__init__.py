@@ -344,7 +344,6 @@ class LockstepMixin:
         elif algorithm.kl_coef > 0:
             policy.reference_logprobs(filler)
 
-
     @torch.no_grad()
     def idle_reference_means(self, policy) -> None:
         """The reference forward ``attach_reference_means`` makes, on the filler."""
