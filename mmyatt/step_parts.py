@@ -1,7 +1,8 @@
 """Pieces of a controller's step that are plain functions of the config or the rollout:
 the sampling settings of a training or an evaluation rollout, the reduced rollout
-metrics, and the clipped policy-gradient loss terms of a minibatch (or of one of its
-micro-batches) (mmyatt/controller.py calls them)."""
+metrics, the clipped policy-gradient loss terms of a minibatch (or of one of its
+micro-batches), and the micro-batch passes: as many micro-batches on every rank, no-grad
+log-probs over them, and the backward over them (mmyatt/controller.py calls them)."""
 
 from __future__ import annotations
 
