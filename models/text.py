@@ -308,21 +308,27 @@ class TextPolicy:
         the actions is split into a cached prefix and the rest, as in sampling).
         """
         first_row, owner = decode.share_prefix_rows(ids[:, :P], attn[:, :P])
-        if len(first_row) == ids.shape[0] or not self._can_share_prefix:
+        # With one action column the prompt's last column moves to the second pass, so
+        # that the pass still makes two forwards, as with more columns: on a sharded
+        # engine forwards are collectives, and every rank must make the same ones
+        # (docs/engines.md). Not where a prompt row would be left with no token.
+        cut = P if last > 1 else (P - 1 if bool(attn[first_row, : P - 1].any(-1).all()) else 0)
+        if len(first_row) == ids.shape[0] or not self._can_share_prefix or cut < 1:
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
             return self._forward(ids, attn, positions, keep=last).logits[:, -last:]
         cache = self._new_cache()
-        p_ids, p_attn = ids[first_row, :P], attn[first_row, :P]
+        p_ids, p_attn = ids[first_row, :cut], attn[first_row, :cut]
         p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)
         head = self._forward(p_ids, p_attn, p_pos, cache=cache, keep=1).logits[:, -1:]
-        head = head.index_select(0, owner)  # (N, 1, V): predicts action 0
-        if last == 1:
-            return head
         for layer in cache.layers:  # (U, ...) -> (N, ...), differentiable
             layer.batch_select_indices(owner)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, P:]
-        tail = self._forward(ids[:, P:], attn, positions, cache=cache).logits
-        return torch.cat([head, tail], 1)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, cut:]
+        tail = self._forward(ids[:, cut:], attn, positions, cache=cache).logits
+        if cut < P:  # the tail's one column predicts action 0; the prompt pass's output
+            # joins the loss with weight 0, so a sharded backward runs the hooks of
+            # every module it ran through (as with more columns)
+            return tail + 0.0 * head.sum()
+        return torch.cat([head.index_select(0, owner), tail], 1)  # head predicts action 0
 
     def sft_inputs(self, records: list[dict], target_key: str = "answer") -> dict[str, Tensor]:
         """Teacher-forcing batch: prompt (formatted as in ``generate``) + target + EOS.

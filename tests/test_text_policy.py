@@ -272,3 +272,27 @@ def test_reference_snapshot_is_frozen(tiny_dir):
         for p in policy.module().parameters():
             p.add_(0.01)
     assert not torch.allclose(policy.reference_logprobs(r), policy.logprobs(r).detach())
+
+
+@pytest.mark.parametrize("new_tokens", [1, 3])
+def test_scoring_groups_makes_two_forwards_whatever_the_length(policy, monkeypatch, new_tokens):
+    """A pass over whole groups runs the prompt once, then the completions: two forwards
+    whether the completions are one token or more (a sharded engine's forwards are
+    collectives, so every rank's pass must make the same ones). Its log-probs are those
+    of the sampling pass and of each row scored alone, and its gradient reaches the
+    prompt pass."""
+    sampling = Sampling(temperature=1.0, max_new_tokens=new_tokens)
+    r = policy.generate(PROMPTS[:2], 2, sampling, seeds=[1, 2])
+    calls = []
+    forward = policy._forward
+    monkeypatch.setattr(policy, "_forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    lp = policy.logprobs(r)
+    assert len(calls) == 2
+    m = r.mask.bool()
+    torch.testing.assert_close(lp[m], r.logprobs[m], atol=1e-5, rtol=1e-5)
+    alone = torch.cat([policy.logprobs(r.select([i])) for i in range(len(r))])
+    torch.testing.assert_close(lp, alone, atol=1e-5, rtol=1e-5)
+    policy.model.zero_grad(set_to_none=True)
+    policy.logprobs(r)[m].sum().backward()
+    emb = policy.model.get_input_embeddings().weight.grad
+    assert emb is not None and bool(emb.abs().sum() > 0)
