@@ -137,7 +137,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     minibatches: int = 1
-    # > 0: passes over micro-batches of at most this many padded tokens (mmyatt/batches.py)
+    # > 0: micro-batches of at most this many padded tokens, as many on every rank (batches.py)
     micro_batch_tokens: int = 0
     dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and refill
     max_refill_rounds: int = 3
