@@ -63,11 +63,11 @@ def micro_batch_cost(r: Rollout, rows: list[int], prompt: list[int], action: lis
     return prompts * max(prompt[i] for i in rows) + len(rows) * max(action[i] for i in rows)
 
 
-def _units(r: Rollout, rows: list[int], whole_groups: bool) -> list[list[int]]:
-    """``rows`` as the units a cut moves: single rows, or the rows of each prompt group."""
-    if not whole_groups:
+def _units(rows: list[int], index: list[int] | None) -> list[list[int]]:
+    """``rows`` as the units a cut moves: single rows, or with ``index`` (each row's
+    prompt group, ``group_index``) the rows of each group."""
+    if index is None:
         return [[i] for i in rows]
-    index = group_index(r).tolist()
     units: dict[int, list[int]] = {}
     for i in rows:
         units.setdefault(index[i], []).append(i)
@@ -94,7 +94,7 @@ def token_micro_batches(r: Rollout, max_tokens: int, whole_groups: bool = False)
     cur: list[int] = []
     ids: set[str] = set()
     wide = long = 0  # the current micro-batch's widest prompt, longest completion
-    units = _units(r, list(range(n)), whole_groups)
+    units = _units(list(range(n)), group_index(r).tolist() if whole_groups else None)
     for u in sorted(units, key=lambda u: -max(action[i] for i in u)):  # stable
         k = len(ids | {r.prompt_ids[i] for i in u})
         w = max(wide, *(prompt[i] for i in u))
@@ -140,8 +140,9 @@ def to_count(
         raise ValueError(f"cannot make {len(parts)} micro-batches into {count}")
     out = [list(p) for p in parts]
     prompt, action = row_widths(r) if out else ([], [])
+    index = group_index(r).tolist() if whole_groups and out else None
     while len(out) < count:
-        units = [_units(r, p, whole_groups) for p in out]
+        units = [_units(p, index) for p in out]
         cand = [j for j in range(len(out)) if len(units[j]) >= 2]
         if not cand:
             return out + [[] for _ in range(count - len(out))]

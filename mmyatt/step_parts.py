@@ -146,15 +146,15 @@ def micro_parts(r: Rollout | None, budget: int, dist, lockstep: bool) -> list[li
 def in_micro_batches(fn, r: Rollout, parts: list[list[int]], idle) -> torch.Tensor:
     """(N, A) ``fn(r)`` with no gradient, run over ``parts``; an empty part runs
     ``fn(idle())`` if ``idle`` is given (a sharded engine's filler), its result dropped."""
+    if len(parts) == 1 and parts[0]:  # one pass over every row
+        return fn(r).detach()
     out = None
     for rows in parts:
         if not rows:
             if idle is not None:
                 fn(idle())
             continue
-        lp = fn(r if len(parts) == 1 else r.select(rows)).detach()
-        if len(parts) == 1:
-            return lp
+        lp = fn(r.select(rows)).detach()
         if out is None:
             out = lp.new_zeros((len(r), *lp.shape[1:]))
         out[torch.as_tensor(rows, device=lp.device)] = lp

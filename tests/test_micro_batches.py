@@ -40,6 +40,15 @@ def _rollout(rows: list[tuple[str, int, int]]) -> Rollout:
 ROWS = [("a", 3, 2), ("a", 3, 1), ("b", 1, 4), ("b", 1, 4), ("c", 4, 4)]
 
 
+def _random_rows(rng: random.Random) -> list[tuple[str, int, int]]:
+    """1-6 groups of 1-5 rows, each group one prompt width, each row its own length."""
+    rows = []
+    for g in range(rng.randint(1, 6)):
+        p = rng.randint(1, P)
+        rows += [(f"g{g}", p, rng.randint(0, A)) for _ in range(rng.randint(1, 5))]
+    return rows
+
+
 def test_row_widths():
     assert row_widths(_rollout(ROWS)) == ([3, 3, 1, 1, 4], [2, 1, 4, 4, 4])
 
@@ -69,10 +78,7 @@ def test_a_group_shares_its_prompt_in_the_cost():
 def test_every_row_once_and_the_budget_kept():
     rng = random.Random(0)
     for trial in range(50):
-        rows = []
-        for g in range(rng.randint(1, 6)):
-            p = rng.randint(1, P)
-            rows += [(f"g{g}", p, rng.randint(0, A)) for _ in range(rng.randint(1, 5))]
+        rows = _random_rows(rng)
         r, budget = _rollout(rows), rng.randint(1, 40)
         parts = token_micro_batches(r, budget)
         assert sorted(i for part in parts for i in part) == list(range(len(rows))), trial
@@ -136,10 +142,7 @@ def test_every_rank_runs_the_fullest_ranks_count():
 def test_to_count_every_row_once_groups_whole():
     rng = random.Random(1)
     for trial in range(50):
-        rows = []
-        for g in range(rng.randint(1, 6)):
-            p = rng.randint(1, P)
-            rows += [(f"g{g}", p, rng.randint(0, A)) for _ in range(rng.randint(1, 5))]
+        rows = _random_rows(rng)
         r, whole = _rollout(rows), bool(trial % 2)
         parts = token_micro_batches(r, rng.randint(1, 40), whole_groups=whole)
         count = len(parts) + rng.randint(0, 6)
