@@ -480,6 +480,7 @@ def build_app(server: JudgeServer) -> Any:
                 server.batcher.threads = int(body["threads"])
             if body.get("reset_peak"):
                 resources.reset_peak_rss()
+                resources.reset_device_peak()
         except (ValueError, TypeError, OSError) as error:
             raise APIError(f"/mmyatt/placement: {error}") from error
         return {"cores": resources.process_cores(), "threads": server.batcher.threads}

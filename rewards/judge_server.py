@@ -170,12 +170,17 @@ class JudgeServer:
 
     @property
     def stats(self) -> dict:
-        from mmyatt.placement.resources import cpu_seconds, peak_rss_mb, rss_mb
+        from mmyatt.placement import resources as res
 
         with self.batcher.lock:
             stats = json.loads(json.dumps(self.batcher.stats))  # a deep copy, JSON keys
         stats.update(
-            pid=os.getpid(), cpu_s=cpu_seconds(), rss_mb=rss_mb(), peak_rss_mb=peak_rss_mb()
+            pid=os.getpid(),
+            cpu_s=res.cpu_seconds(),
+            rss_mb=res.rss_mb(),
+            peak_rss_mb=res.peak_rss_mb(),
+            device_mb=res.device_mb(),  # 0 on CPU
+            device_peak_mb=res.device_peak_mb(),
         )
         stats["max_batch"] = self.batcher.max_batch
         stats["batch_wait_ms"] = self.batcher.batch_wait_s * 1000.0

@@ -202,3 +202,33 @@ def test_two_controllers_train_with_nccl(tmp_path):
     assert f"[device] controller 0 of 2 on {expected}" in out.stdout, out.stdout[-3000:]
     rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
     assert_trained(rows, steps)
+
+
+def test_judge_sleep_gives_the_device_memory_back(tmp_path):
+    """colocate's release on CUDA: a judge's dropped weights leave the device (its
+    allocator's cache emptied), the peak window resets, and wake reloads them there. The
+    CPU dry run checks that the device figures stay 0."""
+    from mmyatt.placement import resources as res
+    from mmyatt.placement.bench import _big_model
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    path, params = _big_model(tmp_path / "judge", seed=1)
+    weights_mb = params * 4 / 2**20
+    server = JudgeServer(str(path), device=DEV)
+    try:
+        awake = server.stats["device_mb"]
+        server.batcher.sleep()
+        asleep = server.stats["device_mb"]
+        res.reset_device_peak()
+        server.batcher.wake()
+        again, peak = server.stats["device_mb"], server.stats["device_peak_mb"]
+        on = {p.device.type for p in server.model.model.parameters()}
+    finally:
+        server.batcher.stop()
+    assert on == {DEV}
+    if DEV == "cpu":
+        assert awake == asleep == again == peak == 0.0
+        return
+    assert awake > 0.9 * weights_mb, (awake, weights_mb)
+    assert asleep < 0.1 * weights_mb, (asleep, weights_mb)
+    assert again > 0.9 * weights_mb and peak >= again, (again, peak, weights_mb)

@@ -245,3 +245,34 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
     )
     run.start_judges(cfg, tmp_path)
     assert seen["settle"] is settle
+
+
+def test_device_memory_figures_read_the_cuda_allocator_and_release_empties_its_cache(
+    monkeypatch,
+):
+    """On CUDA the release hands the allocator's cache back to the device and the figures
+    sum every device's reserved bytes (a stand-in ``torch.cuda`` with two devices); where
+    nothing was put on a device they are 0 and nothing is called."""
+    import torch
+
+    calls = []
+    fake = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "device_count": lambda: 2,
+        "empty_cache": lambda: calls.append("empty"),
+        "memory_reserved": lambda d: (d + 1) * 2**20,
+        "max_memory_reserved": lambda d: (d + 3) * 2**20,
+        "reset_peak_memory_stats": lambda d: calls.append(f"reset{d}"),
+    }
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_initialized", lambda: False)
+        res.release_free_memory()
+        res.reset_device_peak()
+        assert res.device_mb() == res.device_peak_mb() == 0.0 and calls == []
+    for name, fn in fake.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    res.release_free_memory()
+    res.reset_device_peak()
+    assert calls == ["empty", "reset0", "reset1"]
+    assert res.device_mb() == 3.0 and res.device_peak_mb() == 7.0

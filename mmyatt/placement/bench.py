@@ -45,7 +45,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.placement.bench_figures import DRIFTING, MODES, _combine, _derive, _mean, paired_ratio
+from mmyatt.placement.bench_figures import (
+    DRIFTING,
+    MODES,
+    _combine,
+    _derive,
+    _mean,
+    balance_report,
+    paired_ratio,
+)
 
 JUDGE_TOKENS = 16
 COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
@@ -154,6 +162,11 @@ def _summary(rows: list[dict]) -> dict:
         "peak_rss_mb": max((r.get("placement/peak_rss_mb", 0.0) for r in rows), default=None),
         "peak_rss_mb_by_phase": {
             ph: max((r.get(f"placement/peak_rss_mb_{ph}", 0.0) for r in rows), default=0.0)
+            for ph in ("generate", "judge", "train")
+        },
+        # on CUDA: the controllers' and the judge's allocators, summed (absent on the CPU)
+        "peak_device_mb_by_phase": {
+            ph: max((r.get(f"placement/peak_device_mb_{ph}", 0.0) for r in rows), default=0.0)
             for ph in ("generate", "judge", "train")
         },
         "response_length_mean": mean("response_length/mean"),
@@ -432,12 +445,16 @@ def bench_placement(
     rounds: int | None = None,
     steps: int | None = None,
     previous: dict | None = None,
+    overrides: tuple[str, ...] = (),
 ) -> dict:
     """The arms of ``workloads``, ``rounds`` times each, the modes in a rotated order per
     round (the machine's load moves over minutes; every mode sees every position); a
     mode's figure is the mean over its rounds. ``previous``: a JSON of an earlier
     invocation whose other workloads are kept (each workload can be run on its own).
-    With ``progress``, what is measured so far is written there after each arm."""
+    With ``progress``, what is measured so far is written there after each arm.
+    ``overrides`` (``key=value``) go to every run after the bench's own settings: on a GPU
+    machine, ``distributed.nproc=1 distributed.device=cuda`` (one controller, the judge on
+    the same device)."""
     from mmyatt.bench import _machine
 
     steps = steps or (3 if quick else 9)
@@ -449,7 +466,10 @@ def bench_placement(
             "benchmark": "placement",
             "machine": _machine(),
             "cores": sorted(os.sched_getaffinity(0)),
-            "controllers": 2,
+            "controllers": int(
+                dict(o.split("=", 1) for o in overrides).get("distributed.nproc", 2)
+            ),
+            "overrides": list(overrides),
             "warmup_steps_excluded": 1,
             "judge_tokens_per_sample": JUDGE_TOKENS,
             "stream_groups": 2,  # = placement.stream_groups in _base
@@ -467,7 +487,7 @@ def bench_placement(
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
         tmp = Path(tmp_s)
         policy, judge = _models(tmp)
-        base = _base(policy, steps)
+        base = _base(policy, steps) + list(overrides)
         for wl in workloads:
             if wl == "over_dispatch":
                 out["over_dispatch_run"] = _dispatch_arms(tmp, base, steps, rounds)
@@ -525,35 +545,6 @@ def _save(out: dict, progress) -> None:
         Path(progress).write_text(json.dumps(out, indent=2) + "\n")
 
 
-def balance_report(P: int = 4, per: int = 32) -> dict:
-    """Max/mean rank work (cost-model units) before and after Karmarkar-Karp on a skewed
-    step: rank r's completions are r + 1 times longer, rank 3's samples carry 256 vision
-    tokens each, and a flow step whose ranks train 2 to 8 denoising transitions."""
-    import random
-
-    from mmyatt.placement.balance import CostWeights, imbalance, karmarkar_karp, sample_cost
-
-    rng = random.Random(0)
-    w = CostWeights(text_token=1.0, vision_token=1.0, transition=100.0)
-    vlm = [
-        sample_cost(rng.randint(8, 64) * (r + 1), 256 if r == 3 else 0, 0, w)
-        for r in range(P)
-        for _ in range(per)
-    ]
-    flow = [sample_cost(16, 0, 2 * (r + 1), w) for r in range(P) for _ in range(per)]
-    out = {}
-    for name, costs in (("text_vision", vlm), ("flow", flow)):
-        before = [list(range(r * per, (r + 1) * per)) for r in range(P)]
-        after = karmarkar_karp(costs, P)
-        out[name] = {
-            "ranks": P,
-            "samples_per_rank": per,
-            "max_over_mean_before": imbalance(costs, before),
-            "max_over_mean_after": imbalance(costs, after),
-        }
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m mmyatt.placement.bench --workload judge_heavy --out bench/placement.json``:
     one workload (or several) at a time, merged into the JSON at ``--out``."""
@@ -564,6 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--out", required=True)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every run (e.g. distributed.device=cuda)",
+    )
     args = ap.parse_args(argv)
     path = Path(args.out)
     previous = json.loads(path.read_text()) if path.exists() else None
@@ -573,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         steps=args.steps,
         previous=previous,
         progress=str(path) + ".partial",
+        overrides=tuple(args.set),
     )
     path.write_text(json.dumps(out, indent=2) + "\n")
     Path(str(path) + ".partial").unlink(missing_ok=True)

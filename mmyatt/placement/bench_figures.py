@@ -177,3 +177,32 @@ def _derive(out: dict) -> None:
         out[f"{wl}_segment_step_s"] = seg
         # one best per segment: if they differ, every fixed mode is slower on a segment
         out[f"{wl}_best_fixed_changes"] = len(set(out[f"{wl}_best_fixed_per_segment"].values())) > 1
+
+
+def balance_report(P: int = 4, per: int = 32) -> dict:
+    """Max/mean rank work (cost-model units) before and after Karmarkar-Karp on a skewed
+    step: rank r's completions are r + 1 times longer, rank 3's samples carry 256 vision
+    tokens each, and a flow step whose ranks train 2 to 8 denoising transitions."""
+    import random
+
+    from mmyatt.placement.balance import CostWeights, imbalance, karmarkar_karp, sample_cost
+
+    rng = random.Random(0)
+    w = CostWeights(text_token=1.0, vision_token=1.0, transition=100.0)
+    vlm = [
+        sample_cost(rng.randint(8, 64) * (r + 1), 256 if r == 3 else 0, 0, w)
+        for r in range(P)
+        for _ in range(per)
+    ]
+    flow = [sample_cost(16, 0, 2 * (r + 1), w) for r in range(P) for _ in range(per)]
+    out = {}
+    for name, costs in (("text_vision", vlm), ("flow", flow)):
+        before = [list(range(r * per, (r + 1) * per)) for r in range(P)]
+        after = karmarkar_karp(costs, P)
+        out[name] = {
+            "ranks": P,
+            "samples_per_rank": per,
+            "max_over_mean_before": imbalance(costs, before),
+            "max_over_mean_after": imbalance(costs, after),
+        }
+    return out

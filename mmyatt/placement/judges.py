@@ -83,8 +83,10 @@ class JudgeControl:
         return sum(float(self._call(u, "/wake_up", {}).get("reload_s", 0.0)) for u in self.urls)
 
     def stats(self) -> dict[str, float]:
-        """Counters summed over servers: cpu_s, model_time_s, reload_s, rss_mb, peak_rss_mb."""
+        """Counters summed over servers: cpu_s, model_time_s, reload_s, rss_mb, peak_rss_mb,
+        device_mb and device_peak_mb (0 for a judge on the CPU)."""
         keys = ("cpu_s", "model_time_s", "reload_s", "rss_mb", "peak_rss_mb", "reloads")
+        keys += ("device_mb", "device_peak_mb")
         out = dict.fromkeys(keys, 0.0)
         if not self.readable:
             return out

@@ -97,10 +97,52 @@ def cpu_seconds() -> float:
 
 def release_free_memory() -> None:
     """Give freed heap pages back to the OS (glibc malloc_trim), so dropped weights show
-    up as lower RSS; a no-op where there is no glibc."""
+    up as lower RSS; a no-op where there is no glibc. A process that uses CUDA also hands
+    its allocator's cached blocks back to the device (``torch.cuda.empty_cache``), so
+    dropped weights leave the device to the other processes on it."""
+    cuda = _cuda()
+    if cuda is not None:
+        cuda.empty_cache()
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def _cuda():
+    """``torch.cuda`` where this process has already put something on a CUDA device, else
+    None (the device memory figures are then absent: nothing is initialised for them)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda
+
+
+def reset_device_peak() -> None:
+    """Start a new window for ``device_peak_mb`` (every device of this process)."""
+    cuda = _cuda()
+    if cuda is not None:
+        for d in range(cuda.device_count()):
+            cuda.reset_peak_memory_stats(d)
+
+
+def device_mb() -> float:
+    """Device memory this process's allocator holds now (reserved, every device), MB; 0
+    without CUDA. The CUDA context itself (some hundreds of MB) is not in it."""
+    cuda = _cuda()
+    if cuda is None:
+        return 0.0
+    return sum(cuda.memory_reserved(d) for d in range(cuda.device_count())) / 2**20
+
+
+def device_peak_mb() -> float:
+    """Peak device memory this process's allocator held since ``reset_device_peak``
+    (reserved, every device), MB; 0 without CUDA."""
+    cuda = _cuda()
+    if cuda is None:
+        return 0.0
+    return sum(cuda.max_memory_reserved(d) for d in range(cuda.device_count())) / 2**20

@@ -210,16 +210,22 @@ class Placement:
     def _phase_start(self, judge_too: bool = True) -> None:
         if self.cfg.placement.log_memory:
             res.reset_peak_rss()
+            res.reset_device_peak()
             if judge_too and self.judges is not None:
                 self.judges.reset_peak()
 
     def _phase_end(self, name: str) -> None:
+        """The phase's peak RSS, and on CUDA its peak device memory (the allocators'
+        reserved bytes), of this controller plus the judge servers it drives."""
         if not self.cfg.placement.log_memory:
             return
-        peak = res.peak_rss_mb()
+        peak, dpeak = res.peak_rss_mb(), res.device_peak_mb()
         if self.judges is not None:
-            peak += self.judges.stats()["peak_rss_mb"]
+            s = self.judges.stats()
+            peak += s["peak_rss_mb"]
+            dpeak += s["device_peak_mb"]
         self._peaks[name] = max(self._peaks.get(name, 0.0), peak)
+        self._peaks[f"device_{name}"] = max(self._peaks.get(f"device_{name}", 0.0), dpeak)
 
     def _place_judge(self, cores, threads) -> None:
         if self.judges is not None and self.judge_plan != (tuple(cores), threads):
@@ -505,10 +511,15 @@ class Placement:
             n = max(1, self.cfg.reward.judge.num_servers)
             out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
         peaks = {k[5:]: v for k, v in total.items() if k.startswith("peak_") and v > 0}
+        device = {k[7:]: peaks.pop(k) for k in list(peaks) if k.startswith("device_")}
         for name, v in peaks.items():
             out[f"placement/peak_rss_mb_{name}"] = v
         if peaks:
             out["placement/peak_rss_mb"] = max(peaks.values())
+        for name, v in device.items():  # on CUDA only (0, so left out, on the CPU)
+            out[f"placement/peak_device_mb_{name}"] = v
+        if device:
+            out["placement/peak_device_mb"] = max(device.values())
         if plan is not None and plan.mode == "partial":  # judge calls per controller
             out["placement/judge_calls"] = total["chunks"] / W
         if self.dispatch.active:
@@ -536,7 +547,8 @@ class Placement:
     def _peak_keys(self) -> list[str]:
         if not self.cfg.placement.log_memory:
             return []
-        return ["peak_generate", "peak_judge", "peak_train"]
+        phases = ("generate", "judge", "train")
+        return [f"peak_{p}" for p in phases] + [f"peak_device_{p}" for p in phases]
 
 
 def _all_processes(value: float, device) -> float:
