@@ -50,7 +50,7 @@ def row_widths(r: Rollout) -> tuple[list[int], list[int]]:
     else:
         prompt = [0] * len(r)
     live = r.mask.reshape(len(r), A) > 0
-    cols = torch.arange(1, A + 1).expand_as(live)
+    cols = torch.arange(1, A + 1, device=live.device).expand_as(live)
     actions = torch.where(live, cols, 0).max(1).values.tolist() if A else [0] * len(r)
     return [int(p) for p in prompt], [int(a) for a in actions]
 

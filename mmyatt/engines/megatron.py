@@ -89,8 +89,21 @@ def init_parallel(tp: int = 1, pp: int = 1) -> None:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
         )
+    rng_states()
+
+
+def rng_states() -> None:
+    """The RNG states megatron-core's layers draw from: on CUDA its tracked states
+    (``model-parallel-rng`` and the rest, which building a layer asks for; seeded from
+    torch's seed, torch's own CUDA state kept as it was), on the CPU the shims."""
     if not torch.cuda.is_available():
         cpu_shims()
+        return
+    from megatron.core import tensor_parallel
+
+    state = torch.cuda.get_rng_state()
+    tensor_parallel.model_parallel_cuda_manual_seed(torch.initial_seed() % 2**31)
+    torch.cuda.set_rng_state(state)
 
 
 def transformer_config(hf_cfg, tp: int = 1, dtype: torch.dtype = torch.float32):

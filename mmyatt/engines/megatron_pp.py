@@ -33,7 +33,7 @@ from torch import Tensor
 
 from mmyatt.engines.megatron import (
     cpu_current_device,
-    cpu_shims,
+    rng_states,
     rope_theta,
     transformer_config,
 )
@@ -48,8 +48,7 @@ def init_parallel(tp: int = 1, pp: int = 1) -> None:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
         )
-    if not torch.cuda.is_available():
-        cpu_shims()
+    rng_states()
 
 
 def stage_range(num_layers: int, pp: int, stage: int) -> range:

@@ -152,6 +152,7 @@ class Exchange:
         """Point-to-point: one message per (source, destination) pair, a size then the
         bytes of the samples' tensors."""
         reqs, keep_alive = [], []
+        dev = self.dist.device  # NCCL sends device tensors only; gloo the CPU's
         for dest in sorted(send):
             payload = [
                 _pack(mb.select(rows)) if rows else None
@@ -159,17 +160,17 @@ class Exchange:
             ]
             buf = io.BytesIO()
             torch.save(payload, buf)
-            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-            size = torch.tensor([data.numel()], dtype=torch.long)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).to(dev)
+            size = torch.tensor([data.numel()], dtype=torch.long, device=dev)
             keep_alive += [data, size]
             reqs += [tdist.isend(size, dest), tdist.isend(data, dest)]
         got = {}
         for src in sorted(recv_from):
-            size = torch.zeros(1, dtype=torch.long)
+            size = torch.zeros(1, dtype=torch.long, device=dev)
             tdist.recv(size, src)
-            data = torch.empty(int(size), dtype=torch.uint8)
+            data = torch.empty(int(size), dtype=torch.uint8, device=dev)
             tdist.recv(data, src)
-            payload = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+            payload = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
             got[src] = [_unpack(p) if p is not None else None for p in payload]
         for q in reqs:
             q.wait()
