@@ -215,10 +215,11 @@ def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = 
     measured = json.loads(path.read_text())
     out: dict = {"benchmark": "placement-sim", "machine": _machine(), "measured": str(path)}
     rows = []
+    controllers = int(measured.get("controllers", 2))  # the bench's --set distributed.nproc
     for wl in ("judge_heavy", "judge_comparable", "rollout_heavy"):
         if wl not in measured:
             continue
-        prof = calibrate(measured, wl)
+        prof = calibrate(measured, wl, controllers)
         for mode, r, j in (("shared", 2, 2), ("colocate", 2, 2), ("partial", 1, 1)):
             if mode not in measured[wl]:
                 continue
