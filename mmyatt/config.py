@@ -290,7 +290,7 @@ class PlacementConfig:
     # auto: how much faster a role may run alone than it was measured beside the other one
     # (partial); a plan that could then beat the best by 3% is measured, not just predicted
     explore_margin: float = 0.15
-    log_memory: bool = True  # per-phase peak RSS (placement/peak_rss_mb_<phase>)
+    log_memory: bool = True  # per-phase peak RSS, and device MB on CUDA (placement/peak_*)
     # Karmarkar-Karp over the controllers each step: every rank trains the same number of
     # samples with nearly the same work (text tokens, denoising transitions); only token /
     # latent tensors move between ranks (mmyatt/placement/exchange.py)
