@@ -229,3 +229,29 @@ def test_the_judge_drift_is_derived_under_its_own_keys():
     assert out["drifting_judge_best_fixed_per_segment"] == {"rule": "shared", "judged": "partial"}
     assert out["drifting_judge_best_fixed_changes"] is True
     assert "auto_over_best_fixed_drifting" not in out  # the other drift did not run
+
+
+def test_set_overrides_reach_every_run_and_the_json_names_them(monkeypatch, tmp_path):
+    """`--set KEY=VALUE` (a GPU run: one controller on cuda) goes to every arm's
+    overrides after the bench's own, and the JSON records them and the controller
+    count (arms stubbed, no run here)."""
+    from mmyatt.placement import bench
+
+    seen: list[list[str]] = []
+
+    def fake_arm(tmp, name, overrides, n):
+        seen.append(list(overrides))
+        return _step_arm(1.0)
+
+    monkeypatch.setattr(bench, "_arm", fake_arm)
+    monkeypatch.setattr(bench, "_models", lambda tmp: (tmp / "p", tmp / "j"))
+    monkeypatch.setattr(bench, "_derive", lambda out: None)
+    sets = ("distributed.nproc=1", "distributed.device=cuda")
+    out = bench.bench_placement(workloads=("rollout_heavy",), rounds=1, steps=3, overrides=sets)
+    assert len(seen) == 4  # the four modes
+    for o in seen:  # after the bench's own nproc=2, so the last word wins
+        assert o.index("distributed.nproc=1") > o.index("distributed.nproc=2")
+        assert "distributed.device=cuda" in o
+    assert out["controllers"] == 1 and out["overrides"] == list(sets)
+    plain = bench.bench_placement(workloads=("rollout_heavy",), rounds=1, steps=3)
+    assert plain["controllers"] == 2 and plain["overrides"] == []
