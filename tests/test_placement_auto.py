@@ -286,3 +286,29 @@ def test_auto_measures_partial_on_cut_samples_only_when_its_judge_is_widened(wid
         assert plan == PARTIAL and line.startswith("profiled: auto measures partial 1:1")
     else:
         assert plan == SHARED and line.startswith("profiled: auto picks shared")
+
+
+def test_auto_gives_a_one_thread_controller_every_core_without_a_judge():
+    """One controller on one thread (shared_cores=1) of 2 cores, no judge: shared's
+    generation is a 1-core measurement (4 s), so colocate, which gives the controller both
+    cores, is predicted 4 x 1/2 + 1 = 3 s against shared's 5, picked and measured;
+    measured at 3 + 1 = 4 s it is kept. Partial (1 core for rollout) stays at 4 + 1 = 5 s."""
+    a = AutoPlacer(PLANS, has_judge=False, start_partial=PARTIAL, profile=2, shared_cores=1)
+    assert a.rollout_cores(SHARED) == 1 and a.rollout_cores(COLOCATE) == 2
+    shared = _measure("shared", 1, 2, gen=4.0, judge=0.0)
+    colo = _measure("colocate", 2, 2, gen=3.0, judge=0.0)
+    assert [k for k, _ in _run(a, [shared] * 3)] == ["shared"] * 3
+    plan, line = a.next_plan()
+    assert a.predictions == pytest.approx({"shared": 5.0, "colocate": 3.0, "partial 1:1": 5.0})
+    assert plan == COLOCATE and line.startswith("profiled: auto picks colocate (colocate 3.00s")
+    _run(a, [colo, colo])
+    plan, line = a.next_plan()
+    assert plan == COLOCATE and line.startswith("measured colocate: auto keeps colocate")
+    assert a.estimates == pytest.approx({"shared": 5.0, "colocate": 4.0, "partial 1:1": 5.0})
+
+
+def test_shared_cores_that_fill_the_machine_change_nothing():
+    """Two controllers on one thread each fill 2 cores: colocate stays out without a
+    judge, and shared's measurements keep their key."""
+    a = AutoPlacer(PLANS, has_judge=False, start_partial=PARTIAL, profile=2, shared_cores=2)
+    assert COLOCATE not in a.candidates and a.rollout_cores(SHARED) == 2

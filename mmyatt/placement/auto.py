@@ -24,7 +24,10 @@ judge per (mode, judge threads), and predicts
 A time not measured at its own key is derived from a measurement of the same mode,
 else of the nearest core or thread count, among equals one that ran the role the same
 way (alone, or beside the other role as partial runs it). Generation (one process per controller) scales by
-the ratio of core counts (work conserved). The judge is slowed by the ratio of threads
+the ratio of core counts (work conserved). Shared mode's generation is keyed by the cores
+its processes can use, controllers x trainer.threads at most every core: one controller
+on one thread is a 1-core measurement, and colocate (which gives it every core) is then
+worth measuring, without a judge too. The judge is slowed by the ratio of threads
 when it gets fewer, and its point prediction never assumes it faster with more.
 
 Two predictions per plan: the point prediction above, and an optimistic one, where a
@@ -109,6 +112,9 @@ class CostModel:
     # the judge's threads in a plan (shared: reward.judge.threads, colocate:
     # placement.judge_threads); default one per judge core
     threads_of: Callable[[CorePlan], int] | None = None
+    # the cores a plan's generation can use (shared: controllers x trainer.threads, at
+    # most every core); default the plan's rollout cores
+    rollout_of: Callable[[CorePlan], int] | None = None
     # partial's judge takes every core once generation is done (placement.widen_judge):
     # the optimistic prediction lets it run cores / judge threads faster then
     widen: bool = False
@@ -218,9 +224,12 @@ class CostModel:
     def threads(self, plan: CorePlan) -> int:
         return self.threads_of(plan) if self.threads_of is not None else len(plan.judge)
 
+    def rollout(self, plan: CorePlan) -> int:
+        return self.rollout_of(plan) if self.rollout_of is not None else len(plan.rollout)
+
     def predict(self, plan: CorePlan, optimistic: bool = False) -> float | None:
         """Predicted step seconds of ``plan``; None while a needed role is unmeasured."""
-        phases = self._phases(plan.mode, len(plan.rollout), self.threads(plan), optimistic)
+        phases = self._phases(plan.mode, self.rollout(plan), self.threads(plan), optimistic)
         if phases is None or self.train is None:
             return None
         rest = self.rest.get(plan.mode, min(self.rest.values(), default=0.0))
@@ -260,18 +269,28 @@ class AutoPlacer:
         judge_threads: Callable[[CorePlan], int] | None = None,
         chunks: int = 1,
         widen: bool = False,
+        shared_cores: int | None = None,
     ):
+        """``shared_cores``: the cores shared mode's processes can use (controllers x
+        trainer.threads, at most every core; None: every core)."""
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
-        if not has_judge and not profile_all and any(p.mode == "shared" for p in candidates):
-            candidates = [p for p in candidates if p.mode != "colocate"]
+        cores = len(self.colocate.cores)
+        shared_fills = shared_cores is None or shared_cores >= cores
+        # without a judge colocate is shared pinned: a candidate only where it gives the
+        # controllers cores that shared leaves idle
+        if not has_judge and not profile_all and shared_fills:
+            if any(p.mode == "shared" for p in candidates):
+                candidates = [p for p in candidates if p.mode != "colocate"]
         self.candidates = candidates
+        self.shared_cores = cores if shared_fills else max(1, int(shared_cores))
         self.model = CostModel(
-            len(self.colocate.cores),
+            cores,
             has_judge,
             drift_threshold=drift_threshold,
             explore_margin=explore_margin,
             threads_of=judge_threads,
+            rollout_of=self.rollout_cores,
             chunks=max(1, chunks),
             widen=widen,
         )
@@ -293,6 +312,12 @@ class AutoPlacer:
         self.estimates: dict[str, float] = {}
         self.reason = "profiling"
         self.pending_reason: str | None = None
+
+    def rollout_cores(self, plan: CorePlan) -> int:
+        """The cores ``plan``'s generation can use (the key of its measurements)."""
+        if plan.mode == "shared":
+            return min(len(plan.rollout), self.shared_cores)
+        return len(plan.rollout)
 
     @staticmethod
     def key(plan: CorePlan) -> str:

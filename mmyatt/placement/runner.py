@@ -166,6 +166,7 @@ class Placement:
                 # partial's judge calls per step
                 chunks=groups if self.streams else -(-groups // p.stream_groups),
                 widen=p.widen_judge,
+                shared_cores=dist.processes * cfg.trainer.threads,
             )
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
@@ -529,7 +530,7 @@ class Placement:
                 out["placement/predicted_step_s"] = self.predicted
             m = Measure(
                 mode=plan.mode,
-                rollout_cores=len(plan.rollout),
+                rollout_cores=self.auto.rollout_cores(plan),
                 judge_cores=len(plan.judge),
                 gen_s=mx["gen"],
                 judge_s=total["judge_busy_s"],
