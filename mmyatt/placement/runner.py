@@ -224,7 +224,7 @@ class Placement:
         if self.judges is not None:
             s = self.judges.stats()
             peak += s["peak_rss_mb"]
-            dpeak += s["device_peak_mb"]
+            dpeak += s.get("device_peak_mb", 0.0)
         self._peaks[name] = max(self._peaks.get(name, 0.0), peak)
         self._peaks[f"device_{name}"] = max(self._peaks.get(f"device_{name}", 0.0), dpeak)
 
