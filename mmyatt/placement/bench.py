@@ -143,6 +143,12 @@ def _summary(rows: list[dict]) -> dict:
         vals = [r[key] for r in rows if isinstance(r.get(key), int | float)]
         return statistics.fmean(vals) if vals else None
 
+    def by_phase(metric):  # the largest of each phase's placement/<metric>_<phase>
+        return {
+            ph: max((r.get(f"placement/{metric}_{ph}", 0.0) for r in rows), default=0.0)
+            for ph in ("generate", "judge", "train")
+        }
+
     out = {
         "steps_measured": len(rows),
         "step_s": mean("timing/step_s"),
@@ -160,15 +166,9 @@ def _summary(rows: list[dict]) -> dict:
         "rollout_s": mean("placement/rollout_s"),
         "judge_reload_s": mean("placement/judge_reload_s"),
         "peak_rss_mb": max((r.get("placement/peak_rss_mb", 0.0) for r in rows), default=None),
-        "peak_rss_mb_by_phase": {
-            ph: max((r.get(f"placement/peak_rss_mb_{ph}", 0.0) for r in rows), default=0.0)
-            for ph in ("generate", "judge", "train")
-        },
+        "peak_rss_mb_by_phase": by_phase("peak_rss_mb"),
         # on CUDA: the controllers' and the judge's allocators, summed (absent on the CPU)
-        "peak_device_mb_by_phase": {
-            ph: max((r.get(f"placement/peak_device_mb_{ph}", 0.0) for r in rows), default=0.0)
-            for ph in ("generate", "judge", "train")
-        },
+        "peak_device_mb_by_phase": by_phase("peak_device_mb"),
         "response_length_mean": mean("response_length/mean"),
         "response_truncated_frac": mean("response_length/truncated_frac"),
     }

@@ -133,16 +133,19 @@ def reset_device_peak() -> None:
 def device_mb() -> float:
     """Device memory this process's allocator holds now (reserved, every device), MB; 0
     without CUDA. The CUDA context itself (some hundreds of MB) is not in it."""
-    cuda = _cuda()
-    if cuda is None:
-        return 0.0
-    return sum(cuda.memory_reserved(d) for d in range(cuda.device_count())) / 2**20
+    return _reserved_mb("memory_reserved")
 
 
 def device_peak_mb() -> float:
     """Peak device memory this process's allocator held since ``reset_device_peak``
     (reserved, every device), MB; 0 without CUDA."""
+    return _reserved_mb("max_memory_reserved")
+
+
+def _reserved_mb(reading: str) -> float:
+    """``torch.cuda.<reading>(device)`` summed over this process's devices, MB."""
     cuda = _cuda()
     if cuda is None:
         return 0.0
-    return sum(cuda.max_memory_reserved(d) for d in range(cuda.device_count())) / 2**20
+    read = getattr(cuda, reading)
+    return sum(read(d) for d in range(cuda.device_count())) / 2**20
