@@ -118,9 +118,21 @@ def _peak_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_arm(policy_factory, overrides, *, prompts, group, tokens, steps, device, records=_records):
-    """``steps`` GRPO-shaped steps (generate, score-free random advantages, one update)
-    through ``build_engines``; medians over the steps after the first (warm-up)."""
+def run_arm(
+    policy_factory,
+    overrides,
+    *,
+    prompts,
+    group,
+    tokens,
+    steps,
+    device,
+    records=_records,
+    micro_batch: int = 16,
+):
+    """``steps`` GRPO-shaped steps (generate, score-free random advantages, one update
+    accumulated over micro-batches of ``micro_batch`` sequences) through
+    ``build_engines``; medians over the steps after the first (warm-up)."""
     from mmyatt import algorithms as alg
     from mmyatt.models.protocol import Sampling
 
@@ -141,12 +153,20 @@ def run_arm(policy_factory, overrides, *, prompts, group, tokens, steps, device,
         _sync(device)
         t1 = time.perf_counter()
         adv = torch.randn(len(r), generator=g)
-        lp = policy.logprobs(r)
-        mask = r.mask.to(lp.device)
-        loss_mat, _ = alg.ppo_clip_loss(lp, r.logprobs.to(lp.device), adv.to(lp.device), mask)
-        num, den = alg.loss_terms(loss_mat, mask, "token-mean", max_len=r.num_actions)
         opt.zero_grad(set_to_none=True)
-        (num / den).backward()
+        # micro-batches of ``micro_batch`` sequences, each numerator over the batch's
+        # token count (token-mean): the gradient of the whole batch's loss, without the
+        # whole batch's logits at once (16 x 8 x 288 tokens x 152 k vocab is 18 GB in fp32)
+        den = r.mask.sum().clamp(min=1).to(device)
+        for lo in range(0, len(r), micro_batch):
+            rows = list(range(lo, min(lo + micro_batch, len(r))))
+            mb = r.select(rows)
+            lp = policy.logprobs(mb)
+            mask = mb.mask.to(lp.device)
+            old = mb.logprobs.to(lp.device)
+            loss_mat, _ = alg.ppo_clip_loss(lp, old, adv[rows].to(lp.device), mask)
+            num, _ = alg.loss_terms(loss_mat, mask, "token-mean", max_len=r.num_actions)
+            (num / den).backward()
         engine.reduce_and_clip(params, 1.0)
         opt.step()
         _sync(device)
