@@ -278,6 +278,12 @@ class PlacementConfig:
     # partial: while generation runs, at most this many samples per judge call (0: all
     # that wait), so that little is left in a call under way when the judge is widened
     stream_max_samples: int = 8
+    # partial, text policies, more than one controller: the first controller generates
+    # every controller's prompt groups in one batch on the rollout cores (the others
+    # send it their records and wait), streams them all to the judge, and sends each
+    # controller back its samples and rewards; one batch of all the samples costs less
+    # than each controller's share in turn on the same cores (docs/placement.md)
+    merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing

@@ -133,6 +133,8 @@ def _rows(run: Path) -> dict[int, dict]:
 EXTRA = {  # shared mode with over-dispatch (carried prompts in the checkpoint), balancing
     "over_dispatch": ["placement.mode=shared", "rollout.over_dispatch_ratio=1.5"],
     "balance": ["placement.mode=shared", "placement.balance=true"],
+    # partial with the first controller generating for both
+    "merged": ["placement.mode=partial", "placement.merge_rollout=true"],
 }
 
 
@@ -163,9 +165,12 @@ def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
     assert _rows(full) == _rows(parts) and sorted(_rows(parts)) == [1, 2, 3, 4]
     rows = [json.loads(x) for x in (full / "metrics.jsonl").open()]
     modes = {r.get("placement/mode") for r in rows}
-    expect = "shared" if mode in ("auto", *EXTRA) else mode  # auto without a judge: shared
+    # auto without a judge: shared
+    expect = {"merged": "partial"}.get(mode, "shared" if mode in ("auto", *EXTRA) else mode)
     assert modes - {None} == {expect}
     if mode == "over_dispatch":
         assert any(r.get("rollout/carried_prompts", 0) > 0 for r in rows)
+    if mode == "merged":
+        assert all(r["placement/rollout_merged"] == 1.0 for r in rows if "placement/mode" in r)
     if mode == "balance":
         assert any(r.get("placement/balance_moved", 0) > 0 for r in rows)

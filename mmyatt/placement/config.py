@@ -142,6 +142,8 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         raise _error(f"placement.drift_threshold must be > 0, got {p.drift_threshold}")
     if not 0 <= p.explore_margin < 1:
         raise _error(f"placement.explore_margin must be in [0, 1), got {p.explore_margin}")
+    if p.merge_rollout:
+        check_merge_rollout(cfg)
     if p.mode == "shared":
         if p.cores or p.rollout_cores or p.judge_cores:
             raise _error(
@@ -175,6 +177,31 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
                 f"reward.functions {z} use zscore, which standardises over the whole batch; "
                 "drop zscore or use placement.mode=colocate"
             )
+
+
+def check_merge_rollout(cfg: RunConfig) -> None:
+    """placement.merge_rollout: the first controller generates for all of them in
+    partial steps, so every controller's policy must be a whole replica it can run alone,
+    and the records it is sent must be small (text)."""
+    p, why = cfg.placement, None
+    if p.mode not in ("partial", "auto"):
+        why = f"it merges partial steps' generation, and placement.mode={p.mode} has none"
+    elif cfg.model.kind != "text":
+        why = (
+            f"it sends each controller's records to the first one, and model.kind="
+            f"{cfg.model.kind} records hold media, which never leave their controller"
+        )
+    elif cfg.train.backend != "replica":
+        why = (
+            f"the first controller generates alone, and train.backend={cfg.train.backend} "
+            "shards the policy over the controllers (every one must join its forward)"
+        )
+    elif cfg.rollout.backend != "hf":
+        why = f"rollout.backend={cfg.rollout.backend} serves its own batches"
+    elif cfg.rollout.over_dispatch_ratio > 1:
+        why = "over-dispatch cuts each controller's generate call to its own prompt groups"
+    if why:
+        raise _error(f"placement.merge_rollout=true cannot run here: {why}")
 
 
 def check_over_dispatch(cfg: RunConfig) -> None:

@@ -105,6 +105,20 @@ class JudgeStream:
         self._pool.shutdown(wait=True)
 
 
+def _in_row_order(results) -> tuple[tuple, list]:
+    """Partial's judge answers ((rows, (out, verdicts)) per call, in the order the calls
+    finished) as (rewards, named parts) and verdicts in the rollout's row order."""
+    order = torch.tensor([i for rows, _ in results for i in rows], dtype=torch.long)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(len(order))
+    outs = [out for _, (out, _) in results]
+    rewards = torch.cat([o[0] for o in outs])[back]
+    names = outs[0][1].keys()
+    scored = (rewards, {n: torch.cat([o[1][n] for o in outs])[back] for n in names})
+    verdicts = [v for _, (_, vs) in results for v in vs]
+    return scored, ([verdicts[i] for i in back.tolist()] if verdicts else [])
+
+
 class Placement:
     def __init__(self, cfg, dist, shard=None, log=print, streams_finished: bool = False):
         p = cfg.placement
@@ -125,6 +139,9 @@ class Placement:
         # adapters); otherwise (flow models, vLLM, over-dispatch) it generates chunks of
         # placement.stream_groups groups, one call each, and sends each chunk
         self.streams = streams_finished and not self.dispatch.active
+        # placement.merge_rollout (checked in config): in partial steps the first
+        # controller generates every controller's groups in one batch
+        self.merge = p.merge_rollout and dist.world_size > 1 and not dist.model_parallel
         self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
             cfg.reward.judge.model or cfg.reward.judge.urls
         )
@@ -164,7 +181,9 @@ class Placement:
                 explore_margin=p.explore_margin,
                 judge_threads=self.judge_threads,
                 # partial's judge calls per step
-                chunks=groups if self.streams else -(-groups // p.stream_groups),
+                chunks=(groups * (dist.world_size if self.merge else 1))
+                if self.streams
+                else -(-groups // p.stream_groups),
                 widen=p.widen_judge,
                 shared_cores=dist.processes * cfg.trainer.threads,
             )
@@ -350,6 +369,8 @@ class Placement:
             out = ctl.reward(outputs, records, ids)
             return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
 
+        if self.merge:
+            return self._partial_merged(ctl, n, sampling, timer, plan, judge)
         stream = JudgeStream(judge, self.cfg.placement.stream_max_samples)
         t0 = time.perf_counter()
         try:
@@ -393,27 +414,100 @@ class Placement:
         finally:
             stream.close()
         self._acc["chunks"] += len(results)
+        self._agree(ctl, error)
+        scored, verdicts = _in_row_order(results)
+        return self._scored(ctl, r, scored, verdicts, plan)
+
+    def _agree(self, ctl, error) -> None:
+        """Every controller raises if any one's judge calls failed (a collective)."""
         from mmyatt.rewards.judge_client import JudgeError
 
         if error is not None and not isinstance(error, JudgeError):
             raise error
         ctl.agree_on_judge_error(error)
-        # the answers in the rollout's row order (streamed groups come back as they finished)
-        order = torch.tensor([i for rows, _ in results for i in rows], dtype=torch.long)
-        back = torch.empty_like(order)
-        back[order] = torch.arange(len(order))
-        outs = [out for _, (out, _) in results]
-        rewards = torch.cat([o[0] for o in outs])[back]
-        names = outs[0][1].keys()
-        scored = (rewards, {n: torch.cat([o[1][n] for o in outs])[back] for n in names})
-        verdicts = [v for _, (_, vs) in results for v in vs]
+
+    def _scored(self, ctl, r, scored, verdicts, plan: CorePlan):
         r = ctl.score(r, scored=scored)
         if verdicts and hasattr(r, "verdicts"):
-            r.verdicts = [verdicts[i] for i in back.tolist()]
+            r.verdicts = verdicts
         self._phase_end("generate")
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
+
+    def _partial_merged(self, ctl, n, sampling, timer, plan: CorePlan, judge):
+        """placement.merge_rollout: every controller sends its records to the first, which
+        generates all of them in one batch (one process on the rollout cores instead of
+        one per controller taking turns) and streams each finished sample to the judge;
+        then each controller gets back its own samples with their rewards. The samples
+        are those each controller would have generated (generation is seeded per prompt,
+        not per controller) and its data stays its own: only its records (text) and its
+        samples' tensors travel."""
+        import torch.distributed as tdist
+
+        W, first = self.dist.world_size, self.dist.is_main
+        G = self.cfg.sampling.group_size
+        records = self.dispatch.draw(n)
+        ctl.consumed += [rec["_index"] for rec in records]
+        t0 = time.perf_counter()
+        with timer("generate"):
+            boxes = [None] * W if first else None
+            tdist.gather_object(records, boxes, dst=0)
+        parts, error = [None] * W, None
+        if first:
+            flat = [rec for box in boxes for rec in box]
+            reported: set[int] = set()
+            unit = "group" if getattr(ctl.reward, "compares_groups", True) else "sample"
+            # each controller's stream would have sent up to stream_max_samples per call
+            # at once: the one stream sends as many as all of theirs
+            stream = JudgeStream(judge, self.cfg.placement.stream_max_samples * W)
+            try:
+                with timer("generate"):
+
+                    def send(rows, texts):
+                        reported.update(rows)
+                        recs = [flat[i // G] for i in rows]
+                        ids = [prompt_id(flat[i // G], i // G) for i in rows]
+                        stream.send(rows, texts, recs, ids)
+
+                    s = replace(sampling, on_finished=send, finished_unit=unit)
+                    r = ctl.generate(flat, s)
+                    cut = [i for i in range(len(r)) if i not in reported]
+                    if cut:
+                        stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
+                self._acc["gen_s"] += time.perf_counter() - t0
+                if self.has_judge and self.cfg.placement.widen_judge:
+                    self._place_judge(plan.cores, len(plan.cores))  # generation is done
+                stream.finish()
+                t1 = time.perf_counter()
+                with timer("reward"):
+                    results, error = stream.results()
+                self._acc["reward_s"] += time.perf_counter() - t1
+            finally:
+                stream.close()
+            self._acc["chunks"] += len(results)
+            if error is None:
+                (rewards, named), verdicts = _in_row_order(results)
+                start = 0
+                for k, box in enumerate(boxes):  # controller k's groups: a block of rows
+                    rows = list(range(start, start + len(box) * G))
+                    start = rows[-1] + 1 if rows else start
+                    sel = torch.tensor(rows, dtype=torch.long)
+                    scored = (rewards[sel], {m: v[sel] for m, v in named.items()})
+                    parts[k] = (
+                        r.select(rows),
+                        scored,
+                        [verdicts[i] for i in rows] if verdicts else [],
+                    )
+        t0 = time.perf_counter()
+        with timer("wait"):  # the others wait here while the first generates
+            mine = [None]
+            tdist.scatter_object_list(mine, parts if first else None, src=0)
+        if not first:  # idle: its samples were generated (and judged) by the first
+            self._acc["wait_s"] += time.perf_counter() - t0
+        self._agree(ctl, error if first else None)
+        r, scored, verdicts = mine[0]
+        return self._scored(ctl, r, scored, verdicts, plan)
 
     def _widen_judge(self, plan: CorePlan, timer) -> None:
         """Partial, generation done on every controller: the rollout's cores would idle
@@ -521,8 +615,12 @@ class Placement:
             out[f"placement/peak_device_mb_{name}"] = v
         if device:
             out["placement/peak_device_mb"] = max(device.values())
-        if plan is not None and plan.mode == "partial":  # judge calls per controller
-            out["placement/judge_calls"] = total["chunks"] / W
+        # judge calls per controller that calls the judge (merged: the first alone)
+        callers = 1 if self.merge else W
+        if plan is not None and plan.mode == "partial":
+            out["placement/judge_calls"] = total["chunks"] / callers
+            # 1: the first controller generated every controller's groups in one batch
+            out["placement/rollout_merged"] = float(self.merge)
         if self.dispatch.active:
             out.update(self.dist.sum_many(carry))
         if self.auto is not None:
@@ -538,7 +636,7 @@ class Placement:
                 train_s=mx["train"],
                 collect_s=mx["collect"],
                 step_s=step,
-                chunks=int(total["chunks"] / W),
+                chunks=int(total["chunks"] / callers),
                 judge_threads=self.judge_threads(plan),
                 cut_frac=total["cut"] / total["samples"] if total["samples"] else 0.0,
             )
