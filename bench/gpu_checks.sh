@@ -3,7 +3,8 @@
 # (BUDGET_S, default 540 s; each part is capped and skipped when too little is left):
 #   1. `pytest -m gpu`: the adapters' contract suites, training runs and the judge's
 #      release on the device, and the engines (FSDP2, megatron-core, vLLM if carried);
-#   2. `python -m mmyatt.placement.bench` on the device: colocate against partial with a
+#   2. `python -m mmyatt.placement.bench` on the device: colocate (and colocate with the
+#      policy offloaded, placement.offload_policy) against partial with a
 #      25 M judge (peak device memory per phase), then the judge-heavy workload in every
 #      mode (one controller on cuda:0, the judge server on the same GPU; SKIP_JUDGE_HEAVY=1
 #      leaves it out);
@@ -26,7 +27,7 @@ GPU=(--set distributed.nproc=1 --set distributed.device=cuda)
 within 150 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
   --deselect tests/test_gpu_engines.py::test_bench_engines_reports_every_figure \
   tests/test_gpu.py tests/test_gpu_engines.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -25
-within 120 python3 -m mmyatt.placement.bench --workload judge_memory --rounds 1 --steps 4 \
+within 300 python3 -m mmyatt.placement.bench --workload judge_memory --rounds 1 --steps 4 \
   "${GPU[@]}" --out "$OUT/placement_gpu_memory.json" 2>&1 | grep -v "shards" | tee "$OUT/placement_gpu_memory.log" | grep "\[bench\]"
 if [ -z "${SKIP_JUDGE_HEAVY:-}" ]; then  # measured 2026-12-04: bench/gpu_h200/placement_judge_heavy.json
   within 230 python3 -m mmyatt.placement.bench --workload judge_heavy --rounds 2 --steps 6 \

@@ -285,6 +285,10 @@ class PlacementConfig:
     # than each controller's share in turn on the same cores (docs/placement.md)
     merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
+    # colocate on a GPU: the policy's optimizer state leaves the device for generation and
+    # its weights too for the judge's phase, both back for training (placement/offload.py;
+    # replica backend; nothing to move on the CPU)
+    offload_policy: bool = False
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
     # auto: run colocate, then partial (with a judge), during profiling, instead of

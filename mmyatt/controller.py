@@ -336,6 +336,9 @@ class Controller:
                 steps += 1
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
+        # the gradients are not needed again before the next update: on a GPU their
+        # memory (the size of the trained weights) is free for generation and the judge
+        self.optimizer.zero_grad(set_to_none=True)
         out = {k: v / max(steps, 1) for k, v in sums.items()}
         out["train/optimizer_steps"] = float(steps)
         out["train/lr"] = self.scheduler.get_last_lr()[0]

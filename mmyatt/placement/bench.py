@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from mmyatt.placement.bench_figures import (
     DRIFTING,
     MODES,
@@ -307,11 +309,15 @@ def _memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dic
         "colocate_judge_threads": COLOCATE_JUDGE_THREADS,
     }
     policies = {"policy_qwen2_1m": [], "policy_25m": [f"model.path={big_policy}"]}
+    modes = {"colocate": ["placement.mode=colocate"], "partial": ["placement.mode=partial"]}
+    if torch.cuda.is_available():  # the policy off the device in colocate's judge phase too
+        modes["colocate_offload"] = ["placement.mode=colocate", "placement.offload_policy=true"]
     for name, pol in policies.items():
-        per_round: dict[str, list] = {"colocate": [], "partial": []}
+        per_round: dict[str, list] = {m: [] for m in modes}
+        names = list(modes)
         for k in range(rounds):
-            for mode in ("colocate", "partial") if k % 2 == 0 else ("partial", "colocate"):
-                over = base + [f"placement.mode={mode}"] + small + pol
+            for mode in names[k % len(names) :] + names[: k % len(names)]:
+                over = base + modes[mode] + small + pol
                 arm = _arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
                 per_round[mode].append(arm)
                 print(

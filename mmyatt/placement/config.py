@@ -144,6 +144,18 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         raise _error(f"placement.explore_margin must be in [0, 1), got {p.explore_margin}")
     if p.merge_rollout:
         check_merge_rollout(cfg)
+    if p.offload_policy:
+        if p.mode not in ("colocate", "auto"):
+            raise _error(
+                f"placement.offload_policy=true moves the policy off the device in colocate "
+                f"steps, and placement.mode={p.mode} has none: use colocate or auto"
+            )
+        if cfg.train.backend != "replica":
+            raise _error(
+                f"placement.offload_policy=true with train.backend={cfg.train.backend}: "
+                "moving a sharded policy off the device is not implemented (issue 14); it "
+                "moves a whole module (train.backend=replica)"
+            )
     if p.mode == "shared":
         if p.cores or p.rollout_cores or p.judge_cores:
             raise _error(

@@ -187,6 +187,7 @@ class Placement:
                 widen=p.widen_judge,
                 shared_cores=dist.processes * cfg.trainer.threads,
             )
+        self.offload = None  # placement.offload_policy: made at the first colocate step
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
         # put the processes back; a run starts as shared leaves it (nothing pinned)
@@ -314,11 +315,26 @@ class Placement:
             self._place_judge(plan.cores, self.judge_threads(plan))
             self.judges.wake()  # a no-op unless colocate dropped the weights
 
+    def _offload(self, ctl):
+        """placement.offload_policy: this controller's PolicyOffload (placement/offload.py),
+        made at its first colocate step; None when not asked for."""
+        if not self.cfg.placement.offload_policy:
+            return None
+        if self.offload is None:
+            from mmyatt.placement.offload import PolicyOffload
+
+            self.offload = PolicyOffload(ctl.policy.module(), ctl.optimizer)
+        return self.offload
+
     def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
         P = self.dist.world_size
         if self.judges is not None and self.cfg.placement.release_judge:
             self.judges.sleep()  # the first colocate step (or one after partial/shared)
         self._pinned = True
+        off = self._offload(ctl)
+        if off is not None:
+            with timer("policy_offload"):  # generation needs the weights only
+                off.optimizer_off()
         self._phase_start()
         res.use_cores(plan.rollout, sharers=P)
         t0 = time.perf_counter()
@@ -330,24 +346,32 @@ class Placement:
             self.dist.barrier()
             self._acc["wait_s"] += time.perf_counter() - t0
         self._phase_end("generate")
+        if off is not None:
+            with timer("policy_offload"):  # the judge's phase: the policy waits off the device
+                off.weights_off()
         # the controllers keep their freed heap: handing it back (malloc_trim) lowered no
         # measured peak and made the update that follows re-fault its pages, 0.6 s of a
         # 5 s flow step (the GenRM image recipe, colocate, 2026-12-02)
-        self._phase_start()
-        if self.judges is not None:
-            self._place_judge(plan.judge, self.judge_threads(plan))
-            if self.cfg.placement.release_judge:
-                with timer("judge_reload"):
-                    self.judges.wake()
-        t0 = time.perf_counter()
-        with timer("reward"):
-            r = ctl.score(r)
-        self.dist.barrier()  # every controller's requests answered: the judge phase ends
-        self._acc["reward_s"] += time.perf_counter() - t0
-        self._phase_end("judge")
-        if self.judges is not None and self.cfg.placement.release_judge:
-            with timer("judge_release"):
-                self.judges.sleep()
+        try:
+            self._phase_start()
+            if self.judges is not None:
+                self._place_judge(plan.judge, self.judge_threads(plan))
+                if self.cfg.placement.release_judge:
+                    with timer("judge_reload"):
+                        self.judges.wake()
+            t0 = time.perf_counter()
+            with timer("reward"):
+                r = ctl.score(r)
+            self.dist.barrier()  # every controller's requests answered: the judge phase ends
+            self._acc["reward_s"] += time.perf_counter() - t0
+            self._phase_end("judge")
+            if self.judges is not None and self.cfg.placement.release_judge:
+                with timer("judge_release"):
+                    self.judges.sleep()
+        finally:  # the policy back on its device, whatever the judge's phase did
+            if off is not None:
+                with timer("policy_reload"):
+                    off.on()
         self._phase_start()
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
@@ -565,6 +589,7 @@ class Placement:
             "reload_s": jd.get("reload_s", 0.0),
             "gen_s": self._acc["gen_s"],
             "train_s": train_s,
+            "offload_s": self.offload.take_seconds() if self.offload is not None else 0.0,
             "chunks": self._acc["chunks"],
             "cut": self._acc["cut"],
             "samples": self._acc["samples"],
@@ -615,6 +640,8 @@ class Placement:
             out[f"placement/peak_device_mb_{name}"] = v
         if device:
             out["placement/peak_device_mb"] = max(device.values())
+        if self.offload is not None and self.offload.active:  # the moves, both ways
+            out["placement/policy_offload_s"] = total["offload_s"] / W
         # judge calls per controller that calls the judge (merged: the first alone)
         callers = 1 if self.merge else W
         if plan is not None and plan.mode == "partial":
