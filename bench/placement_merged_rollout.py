@@ -6,6 +6,7 @@ same judge), rotated rounds of 20 measured steps, train split.
 
     .venv/bin/python bench/placement_merged_rollout.py comparable 6   # ~9 min; the 4-token judge
     .venv/bin/python bench/placement_merged_rollout.py heavy 6        # ~11 min; the 16-token judge
+    .venv/bin/python bench/placement_merged_rollout.py long 3         # ~8 min; drifting's long segment
 
 Writes bench/placement/merged_rollout_<workload>.json.
 """
@@ -22,10 +23,16 @@ from mmyatt.placement.bench_figures import paired_ratio
 WORKLOAD = sys.argv[1] if len(sys.argv) > 1 else "comparable"
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 STEPS = 21
-tokens = {"comparable": B.COMPARABLE_JUDGE_TOKENS, "heavy": B.JUDGE_TOKENS}[WORKLOAD]
+tokens = {
+    "comparable": B.COMPARABLE_JUDGE_TOKENS,
+    "heavy": B.JUDGE_TOKENS,
+    "long": B.DRIFT_JUDGE_TOKENS,
+}[WORKLOAD]
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-merged-"))
 policy, judge = B._models(tmp)
 base = B._base(policy, STEPS) + B._judge(judge, tokens)
+if WORKLOAD == "long":  # the drifting workload's second segment: completions run to 96
+    base += B.DRIFT["long"]
 arms = {
     "colocate": ["placement.mode=colocate"],
     "partial": ["placement.mode=partial"],

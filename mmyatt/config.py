@@ -257,43 +257,33 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class PlacementConfig:
-    """Who runs on which CPU cores at each phase of a step (mmyatt/placement, DESIGN §4).
-
-    shared: today's behaviour, nothing pinned. colocate: generate, judge, train in series,
-    each on every core, the judge's weights dropped between its phases. partial: rollout
-    and judge at once on split cores (each finished group streamed to the judge), then
-    training on every core. auto: measures phase costs and picks one of these per step."""
+    """Who runs where at each phase of a step (mmyatt/placement, docs/placement.md): shared
+    (nothing pinned), colocate (phases in series, each on every core, idle models
+    released), partial (rollout beside the judge), auto (chosen from measured costs)."""
 
     mode: Literal["shared", "colocate", "partial", "auto"] = "shared"
     cores: tuple[int, ...] = ()  # CPU core ids the run may use; empty: every allowed core
     rollout_cores: int = 0  # partial: cores rollout holds while it generates (0: half)
     judge_cores: int = 0  # partial: cores the judge holds meanwhile (0: the rest)
-    # partial: text and VLM policies send each prompt group to the judge as its samples
-    # finish, from one generate call; other policies (flow, vLLM) and over-dispatch generate
-    # chunks of this many groups, one call each, and send each chunk when it is done
+    # partial: flow models, vLLM and over-dispatch generate chunks of this many groups and
+    # send each to the judge when done (text and VLM stream each sample as it finishes)
     stream_groups: int = 1
-    # partial: once every controller has generated, the judge takes the rollout's cores too
-    # (all the run's cores and one thread per core) for what is left of its queue
+    # partial: once every controller has generated, the judge takes every core of the run
     widen_judge: bool = True
     # partial: while generation runs, at most this many samples per judge call (0: all
     # that wait), so that little is left in a call under way when the judge is widened
     stream_max_samples: int = 8
-    # partial, text policies, more than one controller: the first controller generates
-    # every controller's prompt groups in one batch on the rollout cores (the others
-    # send it their records and wait), streams them all to the judge, and sends each
-    # controller back its samples and rewards; one batch of all the samples costs less
-    # than each controller's share in turn on the same cores (docs/placement.md)
+    # partial, text, several controllers: the first generates every controller's groups in
+    # one batch and streams them to the judge; each gets its own back (docs/placement.md)
     merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
-    # colocate on a GPU: the policy's optimizer state leaves the device for generation and
-    # its weights too for the judge's phase, both back for training (placement/offload.py;
-    # replica backend; nothing to move on the CPU)
+    # colocate on a GPU: the idle policy's optimizer state and weights off the device
+    # (placement/offload.py; replica backend)
     offload_policy: bool = False
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
-    # auto: run colocate, then partial (with a judge), during profiling, instead of
-    # starting in shared and measuring another plan only where its optimistic prediction
-    # beats the best estimate (mmyatt/placement/auto.py)
+    # auto: profile colocate, then partial (with a judge), instead of starting in shared and
+    # measuring a plan only where its optimistic prediction wins (placement/auto.py)
     profile_all_modes: bool = False
     reevaluate_every: int = 10  # auto: steps between re-evaluations
     drift_threshold: float = 0.25  # auto: re-evaluate when a phase cost moves this much

@@ -72,10 +72,15 @@ class Dist:
     def any(self, flag: bool) -> bool:
         return bool(self.sum(1.0 if flag else 0.0).item() > 0)
 
-    def gather_ints(self, value: int) -> list[int]:
+    def gather_floats(self, value: float) -> list[float]:
+        """``value`` of every controller, in rank order (a one-hot sum, on the device the
+        process group takes: NCCL reduces device tensors only)."""
         t = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
         t[self.rank] = value
-        return [int(v) for v in self.sum(t).tolist()]
+        return self.sum(t).tolist()
+
+    def gather_ints(self, value: int) -> list[int]:
+        return [int(v) for v in self.gather_floats(value)]
 
     def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
         """All-reduce (sum) gradients in one flat buffer; a missing grad counts as zero."""

@@ -393,7 +393,7 @@ def test_judge_calls_are_capped_while_generation_runs_and_the_rest_goes_in_one()
     generation is done, everything still waiting goes in one call; rows kept in order."""
     import threading
 
-    from mmyatt.placement.runner import JudgeStream
+    from mmyatt.placement.stream import JudgeStream
 
     held, release, batches = threading.Event(), threading.Event(), []
 
@@ -427,7 +427,7 @@ def test_finish_lifts_the_cap_for_what_still_waits():
     goes in the next call, whatever the cap (on every core, when the judge is widened)."""
     import threading
 
-    from mmyatt.placement.runner import JudgeStream
+    from mmyatt.placement.stream import JudgeStream
 
     held, release, batches = threading.Event(), threading.Event(), []
 

@@ -25,9 +25,7 @@ computed from all-reduced measurements, so all controllers take the same one.
 from __future__ import annotations
 
 import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -36,87 +34,17 @@ from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
 from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
 from mmyatt.placement.dispatch import OverDispatch
+from mmyatt.placement.stream import (
+    FIELDS,
+    JudgeStream,
+    gather_records,
+    in_row_order,
+    rank_parts,
+    scatter_parts,
+)
 from mmyatt.rollout import Rollout, prompt_id
 
 MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
-FIELDS = ("outputs", "records", "prompt_ids")  # what the judge is sent of each sample
-
-
-class JudgeStream:
-    """Partial's sender: pieces of a step's samples go to ``judge(outputs, records, ids)``
-    from one background thread, and a piece sent while the judge answers an earlier call
-    waits and goes with the others in the next call. The first piece is judged at once,
-    and the judge gets batches as large as the overlap allows (a call per prompt group
-    cost the judge 1.4x the model time of whole-step calls, judge-heavy bench).
-
-    ``max_call`` > 0: while generation runs, a call takes pieces up to that many samples
-    (at least one piece; a piece, e.g. a group a pairwise judge compares, is never
-    split), so the call under way when generation ends is short and what is left goes in
-    one call after :meth:`finish` (on every core, when the judge is widened: a call keeps
-    the thread count it started with)."""
-
-    def __init__(self, judge, max_call: int = 0):
-        self._judge = judge
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="stream-to-judge")
-        self._lock = threading.Lock()
-        self._pending: list[list[tuple]] = []  # pieces: (row, output, record, id) each
-        self._cap = max(0, int(max_call))
-        self._calls = []
-
-    def send(self, rows, outputs, records, ids) -> None:
-        """Samples at ``rows`` of the step's rollout, to be judged."""
-        with self._lock:
-            self._pending.append(list(zip(rows, outputs, records, ids, strict=True)))
-        self._calls.append(self._pool.submit(self._flush))
-
-    def finish(self) -> None:
-        """Generation is over: what is pending goes in one call, whatever ``max_call``."""
-        with self._lock:
-            self._cap = 0
-        self._calls.append(self._pool.submit(self._flush))
-
-    def _flush(self):
-        with self._lock:
-            k, n = 0, 0
-            while k < len(self._pending) and (
-                not self._cap or k == 0 or n + len(self._pending[k]) <= self._cap
-            ):
-                n += len(self._pending[k])
-                k += 1
-            batch = [x for piece in self._pending[:k] for x in piece]
-            self._pending = self._pending[k:]
-        if not batch:  # an earlier call took it
-            return None
-        rows, outputs, records, ids = (list(x) for x in zip(*batch, strict=True))
-        return rows, self._judge(outputs, records, ids)
-
-    def results(self) -> tuple[list, BaseException | None]:
-        """(rows, answer) of every call, once all are done, and the first error raised."""
-        out, error = [], None
-        for f in self._calls:
-            try:
-                if (got := f.result()) is not None:
-                    out.append(got)
-            except Exception as e:  # noqa: BLE001 - agreed on by the caller, then raised
-                error = error or e
-        return out, error
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def _in_row_order(results) -> tuple[tuple, list]:
-    """Partial's judge answers ((rows, (out, verdicts)) per call, in the order the calls
-    finished) as (rewards, named parts) and verdicts in the rollout's row order."""
-    order = torch.tensor([i for rows, _ in results for i in rows], dtype=torch.long)
-    back = torch.empty_like(order)
-    back[order] = torch.arange(len(order))
-    outs = [out for _, (out, _) in results]
-    rewards = torch.cat([o[0] for o in outs])[back]
-    names = outs[0][1].keys()
-    scored = (rewards, {n: torch.cat([o[1][n] for o in outs])[back] for n in names})
-    verdicts = [v for _, (_, vs) in results for v in vs]
-    return scored, ([verdicts[i] for i in back.tolist()] if verdicts else [])
 
 
 class Placement:
@@ -439,7 +367,7 @@ class Placement:
             stream.close()
         self._acc["chunks"] += len(results)
         self._agree(ctl, error)
-        scored, verdicts = _in_row_order(results)
+        scored, verdicts = in_row_order(results)
         return self._scored(ctl, r, scored, verdicts, plan)
 
     def _agree(self, ctl, error) -> None:
@@ -467,16 +395,13 @@ class Placement:
         are those each controller would have generated (generation is seeded per prompt,
         not per controller) and its data stays its own: only its records (text) and its
         samples' tensors travel."""
-        import torch.distributed as tdist
-
         W, first = self.dist.world_size, self.dist.is_main
         G = self.cfg.sampling.group_size
         records = self.dispatch.draw(n)
         ctl.consumed += [rec["_index"] for rec in records]
         t0 = time.perf_counter()
         with timer("generate"):
-            boxes = [None] * W if first else None
-            tdist.gather_object(records, boxes, dst=0)
+            boxes = gather_records(records, W, first)
         parts, error = [None] * W, None
         if first:
             flat = [rec for box in boxes for rec in box]
@@ -494,8 +419,7 @@ class Placement:
                         ids = [prompt_id(flat[i // G], i // G) for i in rows]
                         stream.send(rows, texts, recs, ids)
 
-                    s = replace(sampling, on_finished=send, finished_unit=unit)
-                    r = ctl.generate(flat, s)
+                    r = ctl.generate(flat, replace(sampling, on_finished=send, finished_unit=unit))
                     cut = [i for i in range(len(r)) if i not in reported]
                     if cut:
                         stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
@@ -511,26 +435,14 @@ class Placement:
                 stream.close()
             self._acc["chunks"] += len(results)
             if error is None:
-                (rewards, named), verdicts = _in_row_order(results)
-                start = 0
-                for k, box in enumerate(boxes):  # controller k's groups: a block of rows
-                    rows = list(range(start, start + len(box) * G))
-                    start = rows[-1] + 1 if rows else start
-                    sel = torch.tensor(rows, dtype=torch.long)
-                    scored = (rewards[sel], {m: v[sel] for m, v in named.items()})
-                    parts[k] = (
-                        r.select(rows),
-                        scored,
-                        [verdicts[i] for i in rows] if verdicts else [],
-                    )
+                parts = rank_parts(r, *in_row_order(results), [len(b) * G for b in boxes])
         t0 = time.perf_counter()
         with timer("wait"):  # the others wait here while the first generates
-            mine = [None]
-            tdist.scatter_object_list(mine, parts if first else None, src=0)
+            mine = scatter_parts(parts, first)
         if not first:  # idle: its samples were generated (and judged) by the first
             self._acc["wait_s"] += time.perf_counter() - t0
         self._agree(ctl, error if first else None)
-        r, scored, verdicts = mine[0]
+        r, scored, verdicts = mine
         return self._scored(ctl, r, scored, verdicts, plan)
 
     def _widen_judge(self, plan: CorePlan, timer) -> None:
@@ -601,7 +513,7 @@ class Placement:
         if self.group:  # every process's CPU, the model-parallel groups' other ranks too
             total["cpu_s"] = _all_processes(local["cpu_s"], self.dist.device)
         mx = {
-            k: max(_gather(self.dist, v))
+            k: max(self.dist.gather_floats(v))
             for k, v in (
                 ("step", step_s),
                 ("gen", self._acc["gen_s"]),
@@ -684,10 +596,3 @@ def _all_processes(value: float, device) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device)
     tdist.all_reduce(t)
     return float(t.item())
-
-
-def _gather(dist, value: float) -> list[float]:
-    """``value`` of every controller (a one-hot all-reduce, as ``Dist.gather_ints``)."""
-    t = torch.zeros(dist.world_size, dtype=torch.float64)
-    t[dist.rank] = value
-    return dist.sum(t).tolist()
