@@ -15,6 +15,8 @@ The one reader that ``mmyatt inspect --html``, the plots and the notebooks share
     config.yaml and summary.json as dicts (empty when absent).
 
 Helpers: :meth:`Run.group_spread` (reward spread per prompt group),
+:meth:`Run.placement` (step time and its phases per placement mode the steps ran in),
+:meth:`Run.placement_switches` (where auto changed mode, predicted against measured),
 :meth:`Run.disagreements` (judge verdict against a rule or critic logged next to it,
 largest gaps first), :meth:`Run.media` (a sample's image or clip frames).
 """
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from mmyatt.placement.config import MODE_IDS
 
 NOT_CHECKS = ("overlong_penalty",)  # parts that are not a judgement of the output
 
@@ -157,6 +161,51 @@ class Run:
         df["gap"] = df["judge"] - df["check"]
         order = df["gap"].abs().sort_values(ascending=False, kind="stable").index
         return df.loc[order, cols].reset_index(drop=True)
+
+    def placement(self) -> pd.DataFrame:
+        """One row per placement mode the run's steps ran in (``placement.mode``, or auto's
+        choices), in the order first run: ``steps`` and the mean over those steps of each
+        ``placement/*`` figure (step, generation, judge, training seconds, idle fractions,
+        CPU use, peak memory; auto's ``predicted_step_s``). Empty without placement."""
+        m = self.metrics
+        if "placement/mode_id" not in m:
+            return pd.DataFrame(columns=["mode", "steps"])
+        rows = m.dropna(subset=["placement/mode_id"])
+        names = {v: k for k, v in MODE_IDS.items()}
+        modes = rows["placement/mode_id"].map(lambda v: names.get(int(v), f"mode {int(v)}"))
+        cols = [
+            c
+            for c in rows
+            if c.startswith("placement/")
+            and c not in ("placement/mode_id",)
+            and rows[c].notna().any()
+        ]
+        g = rows[cols].groupby(modes, sort=False)
+        out = g.mean().rename(columns=lambda c: c[len("placement/") :])
+        out.insert(0, "steps", g.size())
+        return out.rename_axis("mode").reset_index()
+
+    def placement_switches(self) -> pd.DataFrame:
+        """The steps where the placement mode changed (the first step included): step,
+        mode, and auto's predicted against the measured step time there."""
+        cols = ["step", "mode", "predicted_step_s", "actual_step_s"]
+        m = self.metrics
+        if "placement/mode_id" not in m:
+            return pd.DataFrame(columns=cols)
+        rows = m.dropna(subset=["placement/mode_id"])
+        ids = rows["placement/mode_id"]
+        rows = rows[ids.ne(ids.shift())]
+        names = {v: k for k, v in MODE_IDS.items()}
+        return pd.DataFrame(
+            {
+                "step": rows["step"].to_numpy(),
+                "mode": [names.get(int(v), f"mode {int(v)}") for v in rows["placement/mode_id"]],
+                "predicted_step_s": rows.get(
+                    "placement/predicted_step_s", pd.Series(float("nan"), index=rows.index)
+                ).to_numpy(),
+                "actual_step_s": rows["placement/actual_step_s"].to_numpy(),
+            }
+        )
 
     def media(self, row: int | pd.Series) -> Any:
         """The generated image (PIL) or clip (list of PIL frames) of a rollout row, or

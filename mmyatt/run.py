@@ -414,6 +414,7 @@ def print_summary(run_dir: Path) -> dict:
     """The before/after table for a finished run, with the steps it finished and, for
     image and video runs, the texture checks as a ratio to the base model's (step 0).
     Also written to ``summary.json``: {"steps_done", "steps_planned", "cut_by_time",
+    "placement": {mode: {"steps", "step_s"}} (placement metrics only),
     "metrics": {name: {"first", "last", "change"(, "ratio")}}}."""
     from mmyatt.metrics import read_metrics
 
@@ -455,6 +456,20 @@ def print_summary(run_dir: Path) -> dict:
     if train_rows:
         sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
         print(f"  mean samples/s {sps:.1f}")
+    placed: dict[str, list[float]] = {}  # the steps each placement mode ran, their times
+    for r in train_rows:
+        if "placement/mode" in r:
+            placed.setdefault(r["placement/mode"], []).append(r["placement/actual_step_s"])
+    if placed:
+        out["placement"] = {
+            m: {"steps": len(v), "step_s": sum(v) / len(v)} for m, v in placed.items()
+        }
+        print(
+            "  placement: "
+            + ", ".join(
+                f"{m} x{d['steps']} ({d['step_s']:.3f} s/step)" for m, d in out["placement"].items()
+            )
+        )
     out["metrics"] = metrics
     (run_dir / "summary.json").write_text(json.dumps(out, indent=2))
     return out

@@ -278,3 +278,59 @@ def test_report_of_a_run_without_rollouts(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/reward/mean": 0.2}\n')
     html = write_report(tmp_path).read_text()
     assert "No rollouts logged" in html and "0.2000" in html
+
+
+def test_placement_views_per_mode_and_switches(tmp_path):
+    """Run.placement: steps and mean figures per mode the steps ran in (hand-worked);
+    Run.placement_switches: where the mode changed, with auto's prediction there."""
+    rows = [
+        {
+            "step": 1,
+            "placement/mode": "shared",
+            "placement/mode_id": 0.0,
+            "placement/actual_step_s": 1.0,
+            "placement/gen_s": 0.4,
+        },
+        {
+            "step": 2,
+            "placement/mode": "colocate",
+            "placement/mode_id": 1.0,
+            "placement/actual_step_s": 0.8,
+            "placement/gen_s": 0.2,
+            "placement/predicted_step_s": 0.7,
+        },
+        {
+            "step": 3,
+            "placement/mode": "colocate",
+            "placement/mode_id": 1.0,
+            "placement/actual_step_s": 0.6,
+            "placement/gen_s": 0.3,
+            "placement/predicted_step_s": 0.65,
+        },
+        {
+            "step": 4,
+            "placement/mode": "partial",
+            "placement/mode_id": 2.0,
+            "placement/actual_step_s": 0.5,
+            "placement/gen_s": 0.35,
+            "placement/predicted_step_s": 0.55,
+            "placement/judge_calls": 4.0,
+        },
+        {"step": 4, "eval/reward": 0.5},  # an eval row of the same step merges in
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = load_run(tmp_path)
+    p = run.placement().set_index("mode")
+    assert list(p.index) == ["shared", "colocate", "partial"]
+    assert p["steps"].tolist() == [1, 2, 1]
+    assert p.loc["colocate", "actual_step_s"] == pytest.approx(0.7)
+    assert p.loc["colocate", "gen_s"] == pytest.approx(0.25)
+    assert p.loc["partial", "judge_calls"] == 4.0 and pd.isna(p.loc["shared", "judge_calls"])
+    sw = run.placement_switches()
+    assert sw["step"].tolist() == [1, 2, 4]
+    assert sw["mode"].tolist() == ["shared", "colocate", "partial"]
+    assert sw["predicted_step_s"].tolist()[1:] == [0.7, 0.55]
+    assert pd.isna(sw["predicted_step_s"].iloc[0])
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert load_run(empty).placement().empty and load_run(empty).placement_switches().empty

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from mmyatt.config import PlacementConfig, RunConfig
 
 MODES = ("shared", "colocate", "partial", "auto")
+# placement/mode_id in the metrics: the mode a step ran in, as a number
+MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
 
 
 def allowed_cores() -> list[int]:

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import torch
 
+from mmyatt.placement import config
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
 from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
@@ -43,8 +44,6 @@ from mmyatt.placement.stream import (
     scatter_parts,
 )
 from mmyatt.rollout import Rollout, prompt_id
-
-MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
 
 
 class Placement:
@@ -526,7 +525,7 @@ class Placement:
         plan = self.plan
         out = {
             "placement/mode": plan.mode if plan else "shared",
-            "placement/mode_id": float(MODE_IDS[plan.mode if plan else "shared"]),
+            "placement/mode_id": float(config.MODE_IDS[plan.mode if plan else "shared"]),
             "placement/split": plan.split if plan else "shared",
             "placement/actual_step_s": step,
             "placement/gen_s": mx["gen"],
