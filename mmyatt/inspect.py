@@ -41,6 +41,11 @@ def load_metrics(run_dir: str | Path) -> pd.DataFrame:
     rows = (
         [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
     )
+    return metrics_frame(rows)
+
+
+def metrics_frame(rows: list[dict]) -> pd.DataFrame:
+    """Metric rows (as metrics.jsonl holds them) as :func:`load_metrics` gives them."""
     if not rows:
         return pd.DataFrame({"step": pd.Series(dtype=int)})
     df = pd.DataFrame(rows)
@@ -163,47 +168,22 @@ class Run:
         return df.loc[order, cols].reset_index(drop=True)
 
     def placement(self) -> pd.DataFrame:
-        """One row per placement mode the run's steps ran in (``placement.mode``, or auto's
-        choices), in the order first run: ``steps`` and the mean over those steps of each
-        ``placement/*`` figure (step, generation, judge, training seconds, idle fractions,
-        CPU use, peak memory; auto's ``predicted_step_s``). Empty without placement."""
-        m = self.metrics
-        if "placement/mode_id" not in m:
-            return pd.DataFrame(columns=["mode", "steps"])
-        rows = m.dropna(subset=["placement/mode_id"])
-        names = {v: k for k, v in MODE_IDS.items()}
-        modes = rows["placement/mode_id"].map(lambda v: names.get(int(v), f"mode {int(v)}"))
-        cols = [
-            c
-            for c in rows
-            if c.startswith("placement/")
-            and c not in ("placement/mode_id",)
-            and rows[c].notna().any()
-        ]
-        g = rows[cols].groupby(modes, sort=False)
-        out = g.mean().rename(columns=lambda c: c[len("placement/") :])
-        out.insert(0, "steps", g.size())
-        return out.rename_axis("mode").reset_index()
+        """:func:`placement_table` of this run's metrics."""
+        return placement_table(self.metrics)
 
     def placement_switches(self) -> pd.DataFrame:
         """The steps where the placement mode changed (the first step included): step,
         mode, and auto's predicted against the measured step time there."""
-        cols = ["step", "mode", "predicted_step_s", "actual_step_s"]
-        m = self.metrics
-        if "placement/mode_id" not in m:
-            return pd.DataFrame(columns=cols)
-        rows = m.dropna(subset=["placement/mode_id"])
-        ids = rows["placement/mode_id"]
-        rows = rows[ids.ne(ids.shift())]
-        names = {v: k for k, v in MODE_IDS.items()}
+        rows, modes = _placement_steps(self.metrics)
+        changed = modes.ne(modes.shift())
+        rows, modes = rows[changed], modes[changed]
+        nan = pd.Series(float("nan"), index=rows.index)
         return pd.DataFrame(
             {
                 "step": rows["step"].to_numpy(),
-                "mode": [names.get(int(v), f"mode {int(v)}") for v in rows["placement/mode_id"]],
-                "predicted_step_s": rows.get(
-                    "placement/predicted_step_s", pd.Series(float("nan"), index=rows.index)
-                ).to_numpy(),
-                "actual_step_s": rows["placement/actual_step_s"].to_numpy(),
+                "mode": modes.to_numpy(),
+                "predicted_step_s": rows.get("placement/predicted_step_s", nan).to_numpy(),
+                "actual_step_s": rows.get("placement/actual_step_s", nan).to_numpy(),
             }
         )
 
@@ -220,6 +200,37 @@ class Run:
             if getattr(im, "n_frames", 1) > 1:
                 return [fr.convert("RGB") for fr in ImageSequence.Iterator(im)]
             return im.convert("RGB")
+
+
+def _placement_steps(m: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """The metric rows of steps with placement figures, and the mode each ran in (named
+    from ``placement/mode_id``: the metrics frame keeps numbers only)."""
+    if "placement/mode_id" not in m:
+        return m.iloc[0:0], pd.Series(dtype=object)
+    rows = m.dropna(subset=["placement/mode_id"])
+    names = {v: k for k, v in MODE_IDS.items()}
+    modes = rows["placement/mode_id"].map(lambda v: names.get(int(v), f"mode {int(v)}"))
+    return rows, modes
+
+
+def placement_table(m: pd.DataFrame) -> pd.DataFrame:
+    """One row per placement mode the steps of metrics frame ``m`` ran in
+    (``placement.mode``, or auto's choices), in the order first run: ``steps`` and the
+    mean over those steps of each ``placement/*`` figure (step, generation, judge,
+    training seconds, idle fractions, CPU use, peak memory; auto's
+    ``predicted_step_s``). Empty without placement."""
+    rows, modes = _placement_steps(m)
+    if rows.empty:
+        return pd.DataFrame(columns=["mode", "steps"])
+    cols = [
+        c
+        for c in rows
+        if c.startswith("placement/") and c != "placement/mode_id" and rows[c].notna().any()
+    ]
+    g = rows[cols].groupby(modes, sort=False)
+    out = g.mean().rename(columns=lambda c: c[len("placement/") :])
+    out.insert(0, "steps", g.size())
+    return out.rename_axis("mode").reset_index()
 
 
 def load_run(path: str | Path) -> Run:

@@ -456,18 +456,18 @@ def print_summary(run_dir: Path) -> dict:
     if train_rows:
         sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
         print(f"  mean samples/s {sps:.1f}")
-    placed: dict[str, list[float]] = {}  # the steps each placement mode ran, their times
-    for r in train_rows:
-        if "placement/mode" in r:
-            placed.setdefault(r["placement/mode"], []).append(r["placement/actual_step_s"])
-    if placed:
+    from mmyatt.inspect import metrics_frame, placement_table  # the notebooks' view
+
+    placed = placement_table(metrics_frame(rows))
+    if not placed.empty:
         out["placement"] = {
-            m: {"steps": len(v), "step_s": sum(v) / len(v)} for m, v in placed.items()
+            p.mode: {"steps": int(p.steps), "step_s": float(p.actual_step_s)}
+            for p in placed.itertuples()
         }
         print(
             "  placement: "
             + ", ".join(
-                f"{m} x{d['steps']} ({d['step_s']:.3f} s/step)" for m, d in out["placement"].items()
+                f"{p.mode} x{p.steps} ({p.actual_step_s:.3f} s/step)" for p in placed.itertuples()
             )
         )
     out["metrics"] = metrics

@@ -38,12 +38,13 @@ from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.placement.stream import (
     FIELDS,
     JudgeStream,
+    finished_unit,
     gather_records,
     in_row_order,
     rank_parts,
     scatter_parts,
 )
-from mmyatt.rollout import Rollout, prompt_id
+from mmyatt.rollout import Rollout
 
 
 class Placement:
@@ -327,23 +328,9 @@ class Placement:
         try:
             with timer("generate"):
                 if self.streams:  # each sample (or group) as it finishes
-                    reported: set[int] = set()
-                    # a reward comparing a group's samples (pairwise) waits for the group
-                    unit = "group" if getattr(ctl.reward, "compares_groups", True) else "sample"
-
-                    def on_done(records):
-                        def send(rows, texts):
-                            reported.update(rows)
-                            recs = [records[i // G] for i in rows]
-                            ids = [prompt_id(records[i // G], i // G) for i in rows]
-                            stream.send(rows, texts, recs, ids)
-
-                        return send
-
-                    r = self._generate(ctl, n, sampling, stream=(on_done, unit))
-                    cut = [i for i in range(len(r)) if i not in reported]  # the budget's
-                    if cut:
-                        stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
+                    sends = (lambda recs: stream.on_finished(recs, G), finished_unit(ctl.reward))
+                    r = self._generate(ctl, n, sampling, stream=sends)
+                    stream.send_unreported(r)
                 else:  # chunks of placement.stream_groups groups, one generate call each
                     k, parts = self.cfg.placement.stream_groups, []
                     for chunk in [min(k, n - i) for i in range(0, n, k)]:
@@ -404,24 +391,15 @@ class Placement:
         parts, error = [None] * W, None
         if first:
             flat = [rec for box in boxes for rec in box]
-            reported: set[int] = set()
-            unit = "group" if getattr(ctl.reward, "compares_groups", True) else "sample"
             # each controller's stream would have sent up to stream_max_samples per call
             # at once: the one stream sends as many as all of theirs
             stream = JudgeStream(judge, self.cfg.placement.stream_max_samples * W)
             try:
                 with timer("generate"):
-
-                    def send(rows, texts):
-                        reported.update(rows)
-                        recs = [flat[i // G] for i in rows]
-                        ids = [prompt_id(flat[i // G], i // G) for i in rows]
-                        stream.send(rows, texts, recs, ids)
-
-                    r = ctl.generate(flat, replace(sampling, on_finished=send, finished_unit=unit))
-                    cut = [i for i in range(len(r)) if i not in reported]
-                    if cut:
-                        stream.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
+                    send = stream.on_finished(flat, G)
+                    s = replace(sampling, on_finished=send, finished_unit=finished_unit(ctl.reward))
+                    r = ctl.generate(flat, s)
+                    stream.send_unreported(r)
                 self._acc["gen_s"] += time.perf_counter() - t0
                 if self.has_judge and self.cfg.placement.widen_judge:
                     self._place_judge(plan.cores, len(plan.cores))  # generation is done

@@ -11,7 +11,15 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as tdist
 
+from mmyatt.rollout import prompt_id
+
 FIELDS = ("outputs", "records", "prompt_ids")  # what the judge is sent of each sample
+
+
+def finished_unit(reward) -> str:
+    """What is sent as it finishes: a reward that compares a group's samples (pairwise)
+    waits for the whole group, any other gets each sample."""
+    return "group" if getattr(reward, "compares_groups", True) else "sample"
 
 
 class JudgeStream:
@@ -34,6 +42,26 @@ class JudgeStream:
         self._pending: list[list[tuple]] = []  # pieces: (row, output, record, id) each
         self._cap = max(0, int(max_call))
         self._calls = []
+        self._reported: set[int] = set()  # rows an on_finished callback sent
+
+    def on_finished(self, records: list[dict], group_size: int):
+        """A generate call's ``Sampling.on_finished`` for ``records``: the samples it
+        reports (row ``i`` of the call is prompt ``records[i // group_size]``) are sent."""
+
+        def send(rows, texts):
+            self._reported.update(rows)
+            recs = [records[i // group_size] for i in rows]
+            ids = [prompt_id(records[i // group_size], i // group_size) for i in rows]
+            self.send(rows, texts, recs, ids)
+
+        return send
+
+    def send_unreported(self, r) -> None:
+        """The samples of ``r`` that no ``on_finished`` reported (those the token budget
+        cut, which the call returns without reporting)."""
+        cut = [i for i in range(len(r)) if i not in self._reported]
+        if cut:
+            self.send(cut, *([getattr(r, f)[i] for i in cut] for f in FIELDS))
 
     def send(self, rows, outputs, records, ids) -> None:
         """Samples at ``rows`` of the step's rollout, to be judged."""
