@@ -444,8 +444,7 @@ class Controller:
         from mmyatt.checkpoint import rng_state
 
         local = {"cursor": self.shard.state_dict(), "rng": rng_state()}
-        if self.placement.dispatch.active:  # prompts carried to the next step
-            local["carried"] = self.placement.dispatch.state_dict()
+        local.update(self.placement.state_dict())  # carried prompts, auto's measurements
         return local
 
     def load_state(self, shared: dict, local: dict) -> int:
@@ -462,7 +461,7 @@ class Controller:
         if self.nft is not None and shared.get("nft_old") is not None:
             self.nft.load_state_dict(shared["nft_old"])
         self.shard.load_state_dict(local["cursor"])
-        self.placement.dispatch.load_state_dict(local.get("carried", []))
+        self.placement.load_state_dict(local)
         set_rng_state(local["rng"])
         return self.step_count
 

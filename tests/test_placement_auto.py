@@ -312,3 +312,100 @@ def test_shared_cores_that_fill_the_machine_change_nothing():
     judge, and shared's measurements keep their key."""
     a = AutoPlacer(PLANS, has_judge=False, start_partial=PARTIAL, profile=2, shared_cores=2)
     assert COLOCATE not in a.candidates and a.rollout_cores(SHARED) == 2
+
+
+def _json(state: dict) -> dict:
+    """A state as a checkpoint holds it: plain data (through JSON and back)."""
+    import json
+
+    return json.loads(json.dumps(state))
+
+
+def _judged(work: str, profile: int = 1) -> AutoPlacer:
+    return AutoPlacer(
+        PLANS, has_judge=True, start_partial=PARTIAL, profile=profile,
+        judge_threads=threads(colocate=2), chunks=2, work=work,
+    )  # fmt: skip
+
+
+def test_auto_resumed_on_the_same_work_goes_on_in_its_plan_without_profiling():
+    a, _ = _explored(colocate_judge=2.5)  # colocate measured 5.8 s, kept
+    assert a.next_plan()[0] == COLOCATE
+    a.observe(_measure("colocate", 2, 2, gen=2.0, judge=2.5, reload=0.3, threads=2))
+    b = _judged(work="")  # the work _explored's placer was built with
+    assert b.load_state_dict(_json(a.state_dict())) == (
+        "auto resumes in colocate with the checkpoint's measurements"
+    )
+    assert b.model.gen == a.model.gen and b.model.judge == a.model.judge
+    assert b.model.train == a.model.train and b.steps == a.steps
+    colo = _measure("colocate", 2, 2, gen=2.0, judge=2.5, reload=0.3, threads=2)
+    # one warm-up step (not measured), then on in colocate: no shared step, no profiling
+    assert _run(b, [colo] * 4) == [("colocate", None)] * 4
+    assert b.steps["colocate"] == pytest.approx([5.8] * 6)
+
+
+def test_auto_resumed_with_a_judge_new_to_the_run_measures_partial_first_not_shared():
+    """Rule rewards first (shared: generation 2 s on 2 cores, training 1 s), then the run
+    resumes with a judge. Partial measures generation beside the judge (4 s on 1 core),
+    the judge (4 s on 1 thread) in 8 chunks: 4 + max(4 / 8, 4 - 3.5) = 4.5, and the new
+    work's training 1.2: 5.7 s. Shared: point 2 + 4 + 1.2 = 7.2, optimistic (the judge
+    alone up to 15% faster) 2 + 3.4 + 1.2 = 6.6, above 0.97 x 5.7 = 5.529: not measured.
+    Colocate (its judge on 2 threads): point 7.2, optimistic 2 + 0.85 x 2 + 1.2 = 4.9:
+    measured, 2 + 0.3 + 3 + 1.2 = 6.5, so partial."""
+    rule = AutoPlacer(PLANS, has_judge=False, start_partial=PARTIAL, profile=2, work="rule")
+    shared = _measure("shared", 2, 2, gen=2.0, judge=0.0)
+    assert [k for k, _ in _run(rule, [shared] * 5)] == ["shared"] * 5
+    b = _judged(work="rule + judge")
+    line = b.load_state_dict(_json(rule.state_dict()))
+    assert line == (
+        "auto resumes with the checkpoint's measurements, a judge new to the run: "
+        "measures partial 1:1 first"
+    )
+    part = _measure("partial", 1, 1, gen=4.0, judge=4.0, train=1.2, chunks=8)
+    assert _run(b, [part, part]) == [("partial 1:1", None), ("partial 1:1", None)]
+    assert b.model.train == pytest.approx(1.2)  # the new work's training, not smoothed
+    plan, line = b.next_plan()
+    assert plan == COLOCATE
+    assert line.startswith("resumed with other work: auto measures colocate (at best 4.90s")
+    assert b.predictions == pytest.approx({"shared": 7.2, "colocate": 7.2, "partial 1:1": 5.7})
+    colo = _measure("colocate", 2, 2, gen=2.0, judge=3.0, reload=0.3, train=1.2, threads=2)
+    b.observe(colo)
+    plan, line = b.next_plan()
+    assert plan == PARTIAL and line.startswith("measured colocate: auto picks partial 1:1")
+    assert b.estimates == pytest.approx({"shared": 7.2, "colocate": 6.5, "partial 1:1": 5.7})
+    # a run that starts with the judge (nothing to resume) profiles shared first
+    assert _judged(work="rule + judge").next_plan()[0] == SHARED
+
+
+def test_auto_resumed_with_longer_generation_takes_its_first_measurement_as_the_move():
+    """_explored's colocate choice (generation 2 s), resumed with completions 2.5x as
+    long: one warm-up step, then the first measured step scales every stored generation
+    time by 5 / 2 at once (a drift in a run that was not restarted waits for a second
+    step) and auto chooses from the scaled model: shared 5 + 4 + 1 = 10 predicted,
+    partial max(10 + 2, 4 + 5) + 1 = 13, colocate measured 5 + 0.3 + 2.5 + 1 = 8.8."""
+    a, _ = _explored(colocate_judge=2.5)
+    assert a.next_plan()[0] == COLOCATE
+    b = _judged(work="longer completions")
+    line = b.load_state_dict(_json(a.state_dict()))
+    assert line == (
+        "auto resumes with the checkpoint's measurements, other work: measures colocate first"
+    )
+    long = _measure("colocate", 2, 2, gen=5.0, judge=2.5, reload=0.3, threads=2)
+    assert [k for k, _ in _run(b, [long, long])] == ["colocate", "colocate"]
+    assert b.model.gen == pytest.approx({("shared", 2): 5.0, ("colocate", 2): 5.0})
+    plan, line = b.next_plan()
+    assert plan == COLOCATE
+    assert line.startswith("resumed with other work, drift (generate x2.50): auto keeps colocate")
+    assert b.estimates == pytest.approx({"shared": 10.0, "colocate": 8.8, "partial 1:1": 13.0})
+
+
+def test_auto_resumed_on_other_cores_profiles_anew():
+    a, _ = _explored(colocate_judge=2.5)
+    state = _json(a.state_dict())
+    state["cores"] = 4
+    b = _judged(work="")
+    assert b.load_state_dict(state) == (
+        "auto: the checkpoint's measurements are of other cores; profiling anew"
+    )
+    assert b.model.gen == {} and b.next_plan()[0] == SHARED
+    assert b.load_state_dict(None) is None  # a checkpoint from before auto kept its state

@@ -159,6 +159,8 @@ def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
     mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
     out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
     assert "continuing at step 3" in out.stdout
+    if mode == "auto":  # its measurements came back with the checkpoint
+        assert "[placement] auto resumes with the checkpoint's measurements" in out.stdout
     final = Path("checkpoints") / "final" / "model.safetensors"
     wa, wb = load_file(str(full / final)), load_file(str(parts / final))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

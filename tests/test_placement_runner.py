@@ -450,3 +450,26 @@ def test_finish_lifts_the_cap_for_what_still_waits():
     assert error is None
     assert batches == [["a"], list("bcdefg")]
     assert [i for rows, _ in out for i in rows] == list(range(7))
+
+
+def test_auto_measurements_travel_in_the_controllers_checkpoint_state(calls):
+    """A controller's placement state holds auto's measurements and choice; a run
+    resumed on the same work starts where it was (a warm-up step, no profiling). A run
+    with other work (here a longer completion budget) keeps the role times but measures
+    before choosing; shared mode has nothing to keep."""
+    args = ["placement.mode=auto", "placement.profile_steps=1"]
+    pl = Placement(load_config(None, args), Dist(), shard=Shard())
+    _steps(pl, 3)  # warm-up, profile, the choice (its times are the stand-in's: ~0)
+    state = pl.state_dict()
+    assert set(state) == {"auto"} and state["auto"]["current"] == pl.auto.key(pl.auto.current)
+    again = Placement(load_config(None, args), Dist(), shard=Shard())
+    again.load_state_dict(state)
+    assert again.auto.model.gen == pl.auto.model.gen and again.auto.reason == "resumed"
+    assert again.auto.queue == [pl.auto.current] and again.auto.current == pl.auto.current
+    other = Placement(
+        load_config(None, [*args, "sampling.max_new_tokens=64"]), Dist(), shard=Shard()
+    )
+    other.load_state_dict(state)
+    assert other.auto.model.gen == pl.auto.model.gen and other.auto.model.work_changed
+    assert other.auto.steps == {} and len(other.auto.queue) == 2
+    assert Placement(load_config(None, []), Dist(), shard=Shard()).state_dict() == {}

@@ -119,6 +119,9 @@ class CostModel:
     # the optimistic prediction lets it run cores / judge threads faster then
     widen: bool = False
     _suspect: dict = field(default_factory=dict)  # role -> (ratio, key) of a first move
+    # resumed with other work (``AutoPlacer.load_state_dict``): the next measurement of
+    # each role is its move, with no second one to wait for
+    work_changed: bool = False
 
     def _update(self, table: dict, key, value: float) -> float | None:
         """Store value at key; returns the drift factor when it moved past the threshold
@@ -131,7 +134,14 @@ class CostModel:
             self._suspect.pop(role, None)
             return None
         ratio = value / old
-        if abs(ratio - 1.0) > self.drift_threshold:
+        moved = abs(ratio - 1.0) > self.drift_threshold
+        if self.work_changed:  # resumed with other work: this measurement is the role's
+            self._suspect.pop(role, None)  # time now; nothing to wait for or smooth with
+            for k in table:
+                table[k] *= ratio
+            table[key] = value
+            return ratio if moved else None
+        if moved:
             first = self._suspect.get(role)
             if first is None or (first[0] > 1) != (ratio > 1) or first[1] != key:
                 self._suspect[role] = (ratio, key)  # wait for the next measurement
@@ -159,7 +169,9 @@ class CostModel:
                 drifts.append(f"judge x{d:.2f}")
         if m.mode == "colocate":
             self.reload = m.reload_s if self.reload == 0 else 0.5 * (self.reload + m.reload_s)
-        self.train = m.train_s if self.train is None else 0.5 * (self.train + m.train_s)
+        fresh = self.train is None or self.work_changed
+        self.train = m.train_s if fresh else 0.5 * (self.train + m.train_s)
+        self.work_changed = False  # every role has had its first measurement
         self.chunks = max(1, m.chunks) if m.mode == "partial" else self.chunks
         self.cut = m.cut_frac
         model = self._phases(m.mode, m.rollout_cores, threads)
@@ -270,9 +282,12 @@ class AutoPlacer:
         chunks: int = 1,
         widen: bool = False,
         shared_cores: int | None = None,
+        work: str = "",
     ):
         """``shared_cores``: the cores shared mode's processes can use (controllers x
-        trainer.threads, at most every core; None: every core)."""
+        trainer.threads, at most every core; None: every core). ``work``: what a step
+        does (``placement.config.work_key``), kept with the state so that a resumed run
+        knows whether its measurements are of the same work."""
         colocate = [p for p in candidates if p.mode == "colocate"]
         self.colocate = colocate[0]
         cores = len(self.colocate.cores)
@@ -312,6 +327,8 @@ class AutoPlacer:
         self.estimates: dict[str, float] = {}
         self.reason = "profiling"
         self.pending_reason: str | None = None
+        self.work, self.start_partial = work, start_partial
+        self.profiled = "profiled"  # the reason given for the choice after profiling
 
     def rollout_cores(self, plan: CorePlan) -> int:
         """The cores ``plan``'s generation can use (the key of its measurements)."""
@@ -336,7 +353,7 @@ class AutoPlacer:
             self.current = plan
             return plan, (f"profiling {self.key(plan)}" if changed else None)
         if self.reason == "profiling":
-            due = "profiled"
+            due = self.profiled + (f", {self.pending_reason}" if self.pending_reason else "")
         elif self.verify_in:
             return self.current, None
         else:
@@ -411,3 +428,74 @@ class AutoPlacer:
             if self.verify_in == 0:
                 self.pending_reason = f"measured {k}"
         return drifts
+
+    # ------------------------------------------------------------------ across a resume
+    def state_dict(self) -> dict:
+        """What auto has measured and chosen, for the checkpoint (plain data)."""
+        m = self.model
+        return {
+            "version": 1,
+            "work": self.work,
+            "cores": m.cores,
+            "shared_cores": self.shared_cores,
+            "has_judge": m.has_judge,
+            "current": self.key(self.current),
+            "reason": self.reason,
+            "since": self.since,
+            "gen": [[k[0], k[1], v] for k, v in m.gen.items()],
+            "judge": [[k[0], k[1], v] for k, v in m.judge.items()],
+            "reload": m.reload,
+            "train": m.train,
+            "rest": dict(m.rest),
+            "chunks": m.chunks,
+            "cut": m.cut,
+            "steps": {k: list(v[-self.window :]) for k, v in self.steps.items()},
+        }
+
+    def load_state_dict(self, state: dict | None) -> str | None:
+        """Carry a checkpoint's measurements into this run; returns a line to show.
+
+        Same cores, same work: the measured times, step medians and choice come back,
+        and the run goes on in the plan it was in (one warm-up step, not measured), with
+        no profiling. Same cores, other work (``work_key`` differs: longer completions,
+        a judge added): the role times come back but the step medians do not, and each
+        role's next measurement sets its time at once (no second step to confirm a
+        drift); a judge new to the run is first measured in partial (its judge beside
+        generation, the measurement colocate's and shared's judge times derive from),
+        else the run stays in its plan for one measured step; then auto chooses. Other
+        cores or controllers: nothing carries over and auto profiles as a new run does.
+        """
+        if not state or state.get("version") != 1:
+            return None
+        m = self.model
+        if state["cores"] != m.cores or state["shared_cores"] != self.shared_cores:
+            return "auto: the checkpoint's measurements are of other cores; profiling anew"
+        same = state["work"] == self.work and state["has_judge"] == m.has_judge
+        m.gen = {(k, int(c)): float(v) for k, c, v in state["gen"]}
+        if m.has_judge and state["has_judge"]:
+            m.judge = {(k, int(c)): float(v) for k, c, v in state["judge"]}
+        m.reload, m.train = float(state["reload"]), state["train"]
+        m.rest = {k: float(v) for k, v in state["rest"].items()}
+        by_key = {self.key(p): p for p in self.candidates}
+        plan = by_key.get(state["current"])
+        if same:
+            m.chunks, m.cut = int(state["chunks"]), float(state["cut"])
+            self.steps = {k: list(v) for k, v in state["steps"].items() if k in by_key}
+            if plan is not None and state["reason"] != "profiling":
+                self.current, self.queue = plan, [plan]  # warm-up, then go on
+                self.reason, self.since = "resumed", int(state["since"])
+                return f"auto resumes in {self.key(plan)} with the checkpoint's measurements"
+            return "auto resumes with the checkpoint's measurements; profiling"
+        m.work_changed = True
+        new_judge = m.has_judge and not state["has_judge"]
+        if new_judge and self.start_partial is not None:
+            plan = self.start_partial
+        plan = plan if plan is not None else self.queue[0]
+        n = 1 + (self.profile if new_judge else 1)  # warm-up, then measured steps
+        self.current, self.queue = plan, [plan] * n
+        self.profiled = "resumed with other work"
+        what = "a judge new to the run" if new_judge else "other work"
+        return (
+            f"auto resumes with the checkpoint's measurements, {what}: "
+            f"measures {self.key(plan)} first"
+        )

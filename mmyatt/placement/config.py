@@ -125,6 +125,27 @@ def candidate_plans(cfg: RunConfig, available: list[int] | None = None) -> list[
     return plans
 
 
+def work_key(cfg: RunConfig) -> str:
+    """What one step does, as text: the sections that set its generation, judging and
+    training work and who runs it (model, sampling, rollout, reward, algorithm, train,
+    distributed, placement, the prompts per step). Auto keeps it with its measurements:
+    a run resumed with other work (longer completions, a judge added) knows its
+    measurements are of different work. Steps, budgets, logging and checkpoints are not
+    in it."""
+    import json
+    from dataclasses import asdict
+
+    work = {k: asdict(getattr(cfg, k)) for k in _WORK_SECTIONS}
+    work["prompts_per_step"] = cfg.data.prompts_per_step
+    work["threads"] = cfg.trainer.threads
+    return json.dumps(work, sort_keys=True, default=str)
+
+
+_WORK_SECTIONS = (
+    "model", "sampling", "rollout", "reward", "algorithm", "train", "distributed", "placement",
+)  # fmt: skip
+
+
 def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
     """Every check of the placement section; raises ConfigError naming the key."""
     p = cfg.placement

@@ -33,7 +33,14 @@ import torch
 from mmyatt.placement import config
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
-from mmyatt.placement.config import CorePlan, candidate_plans, partial_split, plan_for, run_cores
+from mmyatt.placement.config import (
+    CorePlan,
+    candidate_plans,
+    partial_split,
+    plan_for,
+    run_cores,
+    work_key,
+)
 from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.placement.stream import (
     FIELDS,
@@ -114,6 +121,7 @@ class Placement:
                 else -(-groups // p.stream_groups),
                 widen=p.widen_judge,
                 shared_cores=dist.processes * cfg.trainer.threads,
+                work=work_key(cfg),
             )
         self.offload = None  # placement.offload_policy: made at the first colocate step
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
@@ -124,6 +132,21 @@ class Placement:
         self._in_step = False
         self._acc: dict[str, float] = {}
         self._peaks: dict[str, float] = {}
+
+    def state_dict(self) -> dict:
+        """This controller's placement state for its checkpoint: the prompts carried to
+        the next step (over-dispatch) and what auto has measured."""
+        out: dict = {}
+        if self.dispatch.active:
+            out["carried"] = self.dispatch.state_dict()
+        if self.auto is not None:
+            out["auto"] = self.auto.state_dict()
+        return out
+
+    def load_state_dict(self, local: dict) -> None:
+        self.dispatch.load_state_dict(local.get("carried", []))
+        if self.auto is not None and (line := self.auto.load_state_dict(local.get("auto"))):
+            self.log(f"[placement] {line}", flush=True)
 
     def judge_threads(self, plan: CorePlan) -> int:
         """The judge's torch threads (over all its servers) when ``plan`` runs."""
