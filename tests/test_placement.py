@@ -276,3 +276,13 @@ def test_device_memory_figures_read_the_cuda_allocator_and_release_empties_its_c
     res.reset_device_peak()
     assert calls == ["empty", "reset0", "reset1"]
     assert res.device_mb() == 3.0 and res.device_peak_mb() == 7.0
+
+
+def test_work_key_changes_with_the_work_not_with_budgets_or_how_auto_chooses():
+    from mmyatt.placement.config import work_key
+
+    base = work_key(load_config(None, []))
+    for same in ("trainer.steps=7", "placement.reevaluate_every=3", "placement.mode=auto"):
+        assert work_key(load_config(None, [same])) == base, same
+    for other in ("sampling.max_new_tokens=64", "data.prompts_per_step=3", "trainer.threads=2"):
+        assert work_key(load_config(None, [other])) != base, other

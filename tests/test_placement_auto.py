@@ -409,3 +409,26 @@ def test_auto_resumed_on_other_cores_profiles_anew():
     )
     assert b.model.gen == {} and b.next_plan()[0] == SHARED
     assert b.load_state_dict(None) is None  # a checkpoint from before auto kept its state
+
+
+def test_auto_resumed_while_measuring_a_plan_finishes_measuring_it_then_chooses():
+    shared = _measure("shared", 2, 2, gen=2.0, judge=4.0, threads=1)  # 7 s
+    colo = _measure("colocate", 2, 2, gen=2.0, judge=2.5, reload=0.3, threads=2)  # 5.8 s
+    a = _judged(work="", profile=2)
+    _run(a, [shared] * 3)
+    assert a.next_plan()[0] == COLOCATE and a.verify_in == 2  # stopped here
+    b = _judged(work="", profile=2)
+    b.load_state_dict(_json(a.state_dict()))
+    # a warm-up step, then the 2 measured steps colocate was switched to for
+    assert _run(b, [colo] * 3) == [("colocate", None)] * 3
+    plan, line = b.next_plan()
+    assert plan == COLOCATE and line.startswith("measured colocate: auto keeps colocate")
+    # stopped with that decision due (colocate measured, not yet chosen on): it is made
+    # after the warm-up step
+    b2 = _judged(work="", profile=2)
+    b2.load_state_dict(_json(a.state_dict()))
+    _run(b2, [colo] * 3)
+    d = _judged(work="", profile=2)
+    d.load_state_dict(_json(b2.state_dict()))
+    assert _run(d, [colo]) == [("colocate", None)]
+    assert d.next_plan()[1].startswith("measured colocate: auto keeps colocate")

@@ -442,6 +442,8 @@ class AutoPlacer:
             "current": self.key(self.current),
             "reason": self.reason,
             "since": self.since,
+            "verify_in": self.verify_in,  # steps left to measure a plan just switched to
+            "pending": self.pending_reason,  # a decision due at the next step
             "gen": [[k[0], k[1], v] for k, v in m.gen.items()],
             "judge": [[k[0], k[1], v] for k, v in m.judge.items()],
             "reload": m.reload,
@@ -484,6 +486,8 @@ class AutoPlacer:
             if plan is not None and state["reason"] != "profiling":
                 self.current, self.queue = plan, [plan]  # warm-up, then go on
                 self.reason, self.since = "resumed", int(state["since"])
+                self.verify_in = int(state.get("verify_in", 0))
+                self.pending_reason = state.get("pending")
                 return f"auto resumes in {self.key(plan)} with the checkpoint's measurements"
             return "auto resumes with the checkpoint's measurements; profiling"
         m.work_changed = True

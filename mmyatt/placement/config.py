@@ -136,6 +136,8 @@ def work_key(cfg: RunConfig) -> str:
     from dataclasses import asdict
 
     work = {k: asdict(getattr(cfg, k)) for k in _WORK_SECTIONS}
+    for k in _CHOOSER:  # how auto chooses, not what a step does
+        work["placement"].pop(k, None)
     work["prompts_per_step"] = cfg.data.prompts_per_step
     work["threads"] = cfg.trainer.threads
     return json.dumps(work, sort_keys=True, default=str)
@@ -143,6 +145,10 @@ def work_key(cfg: RunConfig) -> str:
 
 _WORK_SECTIONS = (
     "model", "sampling", "rollout", "reward", "algorithm", "train", "distributed", "placement",
+)  # fmt: skip
+_CHOOSER = (
+    "mode", "profile_steps", "profile_all_modes", "reevaluate_every", "drift_threshold",
+    "explore_margin", "log_memory",
 )  # fmt: skip
 
 
