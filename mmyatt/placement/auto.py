@@ -135,26 +135,23 @@ class CostModel:
             return None
         ratio = value / old
         moved = abs(ratio - 1.0) > self.drift_threshold
-        if self.work_changed:  # resumed with other work: this measurement is the role's
-            self._suspect.pop(role, None)  # time now; nothing to wait for or smooth with
-            for k in table:
-                table[k] *= ratio
-            table[key] = value
-            return ratio if moved else None
-        if moved:
+        # resumed with other work: this measurement is the role's time now, with nothing
+        # to wait for or smooth with; within one run a move waits for a second one
+        if not self.work_changed:
+            if not moved:
+                self._suspect.pop(role, None)
+                table[key] = (1 - self.smoothing) * old + self.smoothing * value
+                return None
             first = self._suspect.get(role)
             if first is None or (first[0] > 1) != (ratio > 1) or first[1] != key:
                 self._suspect[role] = (ratio, key)  # wait for the next measurement
                 return None
-            del self._suspect[role]
             ratio = (first[0] + ratio) / 2
-            for k in table:
-                table[k] *= ratio
-            table[key] = value
-            return ratio
         self._suspect.pop(role, None)
-        table[key] = (1 - self.smoothing) * old + self.smoothing * value
-        return None
+        for k in table:
+            table[k] *= ratio
+        table[key] = value
+        return ratio if moved else None
 
     def observe(self, m: Measure) -> list[str]:
         """Fold one measurement in; returns the drifts it showed (e.g. ['judge x1.80'])."""
