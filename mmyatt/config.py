@@ -340,6 +340,9 @@ class RolloutConfig:
     over_dispatch_ratio: float = 1.0  # 1: every dispatched prompt is trained on (no carry)
     reuse_unused_prompts: bool = True  # carry cut-short prompts to the next step (else drop)
     max_carries: int = 2  # a prompt cut short this many times must finish next time (0: no cap)
+    # a prompt cut short is sampled again from a new seed (its times carried join the
+    # per-prompt seed), so its long samples need not come back; false: the same seed
+    redraw_carried: bool = False
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from mmyatt.config import RunConfig
 from mmyatt.distributed import Dist
 from mmyatt.lr_schedule import cosine_factor
 from mmyatt.metrics import MetricsLogger, PhaseTimer
+from mmyatt.placement.dispatch import record_seed
 from mmyatt.protocols import (
     EMA,
     ClosedFormKL,
@@ -227,9 +228,8 @@ class Controller:
         return rollout, dyn
 
     def generate(self, records: list[dict], sampling: Sampling) -> Rollout:
-        seeds = [
-            prompt_seed(self.cfg.trainer.seed, r.get("_epoch", 0), r["_index"]) for r in records
-        ]
+        redraw, base = self.cfg.rollout.redraw_carried, self.cfg.trainer.seed
+        seeds = [record_seed(base, r, redraw) for r in records]
         with self.nft.sampling() if self.nft is not None else nullcontext():
             return self.policy.generate(records, self.cfg.sampling.group_size, sampling, seeds)
 

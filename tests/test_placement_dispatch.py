@@ -48,7 +48,7 @@ class LengthPolicy(BanditPolicy):
         return r
 
 
-def controller(tmp: Path, overrides=()) -> Controller:
+def controller(tmp: Path, overrides=(), policy=None) -> Controller:
     manifest = tmp / "m.jsonl"
     recs = [{"prompt": f"p{i}", "answer": "2", "len": n, "id": f"r{i}"} for i, n in enumerate(LENS)]
     write_jsonl(manifest, recs)
@@ -68,7 +68,7 @@ def controller(tmp: Path, overrides=()) -> Controller:
         cfg,
         tmp,
         Dist(),
-        policy=LengthPolicy(seed=0),
+        policy=policy or LengthPolicy(seed=0),
         reward=WeightedReward([{"name": "test_placement_dispatch:arm_reward"}]),
         shard=ShardedManifest([str(manifest)], rank=0, world_size=1, seed=0, shuffle=False),
         eval_records=[],
@@ -212,3 +212,71 @@ def test_partial_mode_over_dispatches_per_streamed_chunk(tmp_path, restore_affin
         (4, 1),
         (7, 1),
     ]
+
+
+def test_record_seed_by_hand():
+    from mmyatt.placement.dispatch import record_seed
+    from mmyatt.protocols import prompt_seed
+
+    fresh = {"_index": 7, "_epoch": 1, "_carries": 0}
+    once, twice = {**fresh, "_carries": 1}, {**fresh, "_carries": 2}
+    plain = prompt_seed(5, 1, 7)
+    # without redraw (the default) a carried prompt keeps its seed: its samples come back
+    assert record_seed(5, fresh) == record_seed(5, once) == record_seed(5, twice) == plain
+    # with redraw a fresh prompt is unchanged; each carry is a new draw
+    assert record_seed(5, fresh, True) == plain
+    assert record_seed(5, once, True) == prompt_seed(5, 1, 7, "carried", 1)
+    assert len({plain, record_seed(5, once, True), record_seed(5, twice, True)}) == 3
+    assert record_seed(5, {"_index": 7}, True) == prompt_seed(5, 0, 7)  # no epoch: epoch 0
+
+
+class SeedLog(LengthPolicy):
+    """LengthPolicy that notes the seed each record's group was drawn with."""
+
+    def __init__(self, seed):
+        super().__init__(seed=seed)
+        self.seeds: list[dict[int, int]] = []
+
+    def generate(self, prompts, group_size, sampling, seeds):
+        self.seeds.append({p["_index"]: s for p, s in zip(prompts, seeds)})
+        return super().generate(prompts, group_size, sampling, seeds)
+
+
+@pytest.mark.parametrize("redraw", [False, True])
+def test_a_carried_prompt_is_redrawn_only_when_asked(tmp_path, redraw):
+    from mmyatt.placement.dispatch import record_seed
+
+    log = SeedLog(seed=0)
+    ctl = controller(tmp_path, [f"rollout.redraw_carried={str(redraw).lower()}"], policy=log)
+    for _ in range(3):
+        ctl.step()
+    # record 1 (9 decode steps) is cut short at steps 1 and 2, must finish at step 3
+    seeds_of_1 = [s[1] for s in log.seeds]
+    if redraw:
+        assert len(set(seeds_of_1)) == 3
+        assert seeds_of_1[1] == record_seed(
+            ctl.cfg.trainer.seed, {"_index": 1, "_carries": 1}, True
+        )
+    else:
+        assert len(set(seeds_of_1)) == 1
+    # the data order does not depend on the seeds here (lengths come from the records)
+    assert ctl.consumed == [1, 5]
+
+
+def test_resume_equals_uninterrupted_with_redraw(tmp_path):
+    arg = ["rollout.redraw_carried=true"]
+    full = controller(tmp_path / "a", arg)
+    for _ in range(4):
+        full.step()
+    first = controller(tmp_path / "b", arg)
+    for _ in range(2):
+        first.step()
+    shared, local = (
+        unflatten_state(*flatten_state(s)) for s in (first.shared_state(), first.local_state())
+    )
+    resumed = controller(tmp_path / "c", arg)
+    resumed.load_state(shared, local)
+    for _ in range(2):
+        resumed.step()
+    assert resumed.consumed == full.consumed
+    assert all(torch.equal(a, b) for a, b in zip(_weights(full), _weights(resumed)))

@@ -374,10 +374,12 @@ def _arm_means(runs: dict[str, list[dict]], per_round: str) -> dict[str, dict]:
 
 def _dispatch_arms(tmp: Path, base: list[str], steps: int, rounds: int) -> dict:
     """Long-tail over-dispatch on the heavy-tailed rule workload (shared mode):
-    rollout.over_dispatch_ratio 1 (every prompt drawn is trained on) against 1.5,
-    alternating, ``rounds`` times each."""
+    rollout.over_dispatch_ratio 1 (every prompt drawn is trained on) against 1.5, with the
+    carried prompts drawn again from their seed and from a new one (rollout.redraw_carried),
+    in rotated rounds, ``rounds`` times each."""
     shared = base + [*RULE, "placement.mode=shared"]
     arms = {r: [f"rollout.over_dispatch_ratio={r}"] for r in ("1.0", "1.5")}
+    arms["1.5_redraw"] = [*arms["1.5"], "rollout.redraw_carried=true"]
     figures = {
         "step_s": "timing/step_s",
         "generate_s": "timing/generate_s",
@@ -389,6 +391,8 @@ def _dispatch_arms(tmp: Path, base: list[str], steps: int, rounds: int) -> dict:
     out = _arm_means(_arm_rounds(tmp, "dispatch", shared, arms, rounds, figures), "step_s")
     out["generate_ratio"] = out["1.5"]["generate_s"] / out["1.0"]["generate_s"]
     out["step_ratio"] = out["1.5"]["step_s"] / out["1.0"]["step_s"]
+    for k in ("generate", "step"):
+        out[f"redraw_{k}_ratio"] = out["1.5_redraw"][f"{k}_s"] / out["1.0"][f"{k}_s"]
     return out
 
 

@@ -10,8 +10,9 @@ next step. With r = 1 nothing changes: every prompt drawn is trained on.
 Data order: a step's prompts are the carried ones, oldest first, then fresh records in
 manifest order. A prompt whose samples are long tends to be cut short and trained on a
 step or two later than its place in the manifest (with the weights of that step: its
-samples are drawn again, from the same per-prompt seed); this is a bias towards short
-completions in any one step. ``max_carries`` bounds it: a prompt cut short that many
+samples are drawn again, from the same per-prompt seed, or with ``redraw_carried`` from a
+new seed that adds its times carried); this is a bias towards short completions in any
+one step, stronger with ``redraw_carried`` (a long draw is replaced rather than replayed). ``max_carries`` bounds it: a prompt cut short that many
 times is dispatched with "must finish", and the decode does not stop before it has.
 With ``reuse_unused_prompts=false`` every prompt left over is dropped for this epoch.
 
@@ -26,7 +27,19 @@ import math
 
 import torch
 
+from mmyatt.protocols import prompt_seed
+
 CARRIES = "_carries"  # times the record was cut short and carried (0 for fresh records)
+
+
+def record_seed(base_seed: int, record: dict, redraw: bool = False) -> int:
+    """The seed of a record's prompt group: from (epoch, index), so a prompt yields the
+    same samples on any rank and in any mode. With ``redraw`` (rollout.redraw_carried) a
+    record cut short ``k`` > 0 times adds ``("carried", k)``: its next draw is a new one."""
+    keys = (record.get("_epoch", 0), record["_index"])
+    if redraw and record.get(CARRIES, 0) > 0:
+        keys += ("carried", int(record[CARRIES]))
+    return prompt_seed(base_seed, *keys)
 
 
 class OverDispatch:
