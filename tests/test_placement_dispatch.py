@@ -145,12 +145,20 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 
 def test_config_checks():
+    odr = ["rollout.over_dispatch_ratio=1.5"]
     with pytest.raises(ConfigError, match="over_dispatch_ratio must be >= 1"):
         load_config(None, ["rollout.over_dispatch_ratio=0.5"])
     with pytest.raises(ConfigError, match="issue 14: over-dispatch for VLM, flow"):
         load_config(None, ["rollout.over_dispatch_ratio=1.5", "model.kind=flow"])
     with pytest.raises(ConfigError, match="max_carries must be >= 0"):
         load_config(None, ["rollout.max_carries=-1"])
+    with pytest.raises(ConfigError, match=r"redraw_carried=true .* carries none .*ratio=1.0"):
+        load_config(None, ["rollout.redraw_carried=true"])
+    with pytest.raises(ConfigError, match="reuse_unused_prompts=False"):
+        load_config(
+            None, [*odr, "rollout.redraw_carried=true", "rollout.reuse_unused_prompts=false"]
+        )
+    load_config(None, [*odr, "rollout.redraw_carried=true"])  # carried prompts to redraw
     with pytest.raises(ConfigError, match="issue 14: balancing VLM steps"):
         load_config(None, ["placement.balance=true", "model.kind=vlm"])
 

@@ -254,6 +254,13 @@ def check_over_dispatch(cfg: RunConfig) -> None:
         raise ConfigError(f"rollout.over_dispatch_ratio must be >= 1, got {ro.over_dispatch_ratio}")
     if ro.max_carries < 0:
         raise ConfigError(f"rollout.max_carries must be >= 0, got {ro.max_carries}")
+    if ro.redraw_carried and (ro.over_dispatch_ratio <= 1 or not ro.reuse_unused_prompts):
+        raise ConfigError(
+            "rollout.redraw_carried=true redraws the prompts over-dispatch carries, and this "
+            f"run carries none (rollout.over_dispatch_ratio={ro.over_dispatch_ratio}, "
+            f"rollout.reuse_unused_prompts={ro.reuse_unused_prompts}): set "
+            "over_dispatch_ratio > 1 with reuse_unused_prompts=true, or drop redraw_carried"
+        )
     if cfg.placement.balance and cfg.model.kind == "vlm":
         raise ConfigError(
             "placement.balance moves only token and latent tensors between controllers, and a "
