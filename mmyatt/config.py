@@ -277,9 +277,7 @@ class PlacementConfig:
     # one batch and streams them to the judge; each gets its own back (docs/placement.md)
     merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
-    # colocate on a GPU: the idle policy's optimizer state and weights off the device
-    # (placement/offload.py; replica backend)
-    offload_policy: bool = False
+    offload_policy: bool = False  # colocate, GPU: idle policy off the device (placement/offload.py)
     judge_threads: int = 0  # colocate: the judge's torch threads in its phase (0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
     # auto: profile colocate, then partial (with a judge), instead of starting in shared and
@@ -340,9 +338,7 @@ class RolloutConfig:
     over_dispatch_ratio: float = 1.0  # 1: every dispatched prompt is trained on (no carry)
     reuse_unused_prompts: bool = True  # carry cut-short prompts to the next step (else drop)
     max_carries: int = 2  # a prompt cut short this many times must finish next time (0: no cap)
-    # a prompt cut short is sampled again from a new seed (its times carried join the
-    # per-prompt seed), so its long samples need not come back; false: the same seed
-    redraw_carried: bool = False
+    redraw_carried: bool = False  # a carried prompt gets a new seed (a length bias: see docs)
 
 
 @dataclass(frozen=True)
