@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.metrics import read_metrics
+from mmyatt.placement.bench import _rows
 
 ROOT = Path(__file__).resolve().parent.parent
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 9
@@ -50,7 +50,7 @@ for k in range(rounds):
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
-        rows = [r for r in read_metrics(run) if "timing/step_s" in r and r["step"] >= 2]
+        rows = _rows(run, first=2)
         got = {
             key: statistics.median(r[key] for r in rows if key in r)
             for key in KEYS
