@@ -12,8 +12,9 @@ manifest order. A prompt whose samples are long tends to be cut short and traine
 step or two later than its place in the manifest (with the weights of that step: its
 samples are drawn again, from the same per-prompt seed, or with ``redraw_carried`` from a
 new seed that adds its times carried); this is a bias towards short completions in any
-one step, stronger with ``redraw_carried`` (a long draw is replaced rather than replayed). ``max_carries`` bounds it: a prompt cut short that many
-times is dispatched with "must finish", and the decode does not stop before it has.
+one step, stronger with ``redraw_carried`` (a long draw is replaced rather than
+replayed). ``max_carries`` bounds it: a prompt cut short that many times is dispatched
+with "must finish", and the decode does not stop before it has.
 With ``reuse_unused_prompts=false`` every prompt left over is dropped for this epoch.
 
 The carried prompts are run state: ``state_dict`` holds their (index, epoch, carries),
