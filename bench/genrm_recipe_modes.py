@@ -4,8 +4,13 @@ per mode the median step and phase times, the judge's busy seconds per step, and
 share of core time that no process used in the shared step (placement/idle_frac_cores):
 no placement can take more than that share off a step that keeps its work.
 
-    .venv/bin/python bench/genrm_recipe_modes.py [STEPS] [ROUNDS] [OUT]
-    (defaults: 9 3 bench/placement/genrm_recipe_modes.json)
+    .venv/bin/python bench/genrm_recipe_modes.py [STEPS] [ROUNDS] [OUT] [ARM,ARM,...]
+    (defaults: 9 3 bench/placement/genrm_recipe_modes.json, every arm but the last)
+
+The last arm, colocate with its judge threads measured (placement.judge_threads=-1:
+steps 2-3 on both cores, 4-5 on one thread, then the faster), runs when named:
+
+    .venv/bin/python bench/genrm_recipe_modes.py 13 3 bench/placement/genrm_recipe_judge_threads.json shared,colocate,colocate_judge_1thread,colocate_judge_measured
 """
 
 import json
@@ -27,7 +32,10 @@ arms = {
     "colocate": ["placement.mode=colocate"],  # the judge phase on both cores (2 threads)
     "colocate_judge_1thread": ["placement.mode=colocate", "placement.judge_threads=1"],
     "partial": ["placement.mode=partial"],
+    "colocate_judge_measured": ["placement.mode=colocate", "placement.judge_threads=-1"],
 }
+chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else list(arms)[:-1]
+arms = {n: arms[n] for n in chosen}
 KEYS = (
     "timing/step_s",
     "timing/generate_s",
@@ -57,10 +65,12 @@ for k in range(rounds):
             if any(key in r for r in rows)
         }
         got.update(steps_measured=len(rows), wall_s=wall)
+        got["judge_threads_per_step"] = [r.get("placement/judge_threads") for r in rows]
         res.setdefault(n, []).append(got)
-        print(k, n, {x.split("/")[1]: round(v, 3) for x, v in got.items() if "/" in x}, flush=True)
+        shown = {x.split("/")[1]: round(v, 3) for x, v in got.items() if "/" in x}
+        print(k, n, shown, got["judge_threads_per_step"], flush=True)
 
-out: dict = {"command": f".venv/bin/python bench/genrm_recipe_modes.py {steps} {rounds}"}
+out: dict = {"command": " ".join([".venv/bin/python bench/genrm_recipe_modes.py", *sys.argv[1:]])}
 out.update(split="train (the recipe's RL prompts; no eval)", steps_per_run=steps, rounds=rounds)
 for n, v in res.items():
     out[n] = {

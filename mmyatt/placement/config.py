@@ -162,7 +162,7 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         ("stream_groups", p.stream_groups, 1),
         ("profile_steps", p.profile_steps, 1),
         ("reevaluate_every", p.reevaluate_every, 1),
-        ("judge_threads", p.judge_threads, 0),
+        ("judge_threads", p.judge_threads, -1),  # -1: measured (placement/judge_threads.py)
         ("stream_max_samples", p.stream_max_samples, 0),
     ):
         if value < low:

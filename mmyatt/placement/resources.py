@@ -149,3 +149,14 @@ def _reserved_mb(reading: str) -> float:
         return 0.0
     read = getattr(cuda, reading)
     return sum(read(d) for d in range(cuda.device_count())) / 2**20
+
+
+def sum_over_processes(value: float, device) -> float:
+    """``value`` summed over every process of the run (a model-parallel group's other
+    ranks too, where the controllers' own reductions count one per controller)."""
+    import torch
+    import torch.distributed as tdist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    tdist.all_reduce(t)
+    return float(t.item())

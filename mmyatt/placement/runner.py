@@ -28,8 +28,6 @@ import os
 import time
 from dataclasses import replace
 
-import torch
-
 from mmyatt.placement import config
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
@@ -42,6 +40,7 @@ from mmyatt.placement.config import (
     work_key,
 )
 from mmyatt.placement.dispatch import OverDispatch
+from mmyatt.placement.judge_threads import JudgeThreads
 from mmyatt.placement.stream import (
     FIELDS,
     JudgeStream,
@@ -95,6 +94,8 @@ class Placement:
             key = os.environ.get(j.api_key_env) if j.api_key_env else None
             self.judges = JudgeControl(j.urls, api_key=key)
         self.plan: CorePlan | None = plan_for(cfg)
+        # colocate's judge threads: set, or measured (placement.judge_threads=-1)
+        self.colocate_threads = JudgeThreads(p.judge_threads, len(run_cores(p)), p.profile_steps)
         self.auto = None
         if p.mode == "auto":
             cores = run_cores(p)
@@ -141,27 +142,29 @@ class Placement:
             out["carried"] = self.dispatch.state_dict()
         if self.auto is not None:
             out["auto"] = self.auto.state_dict()
+        out.update(self.colocate_threads.checkpoint_entry())  # when it measures
         return out
 
     def load_state_dict(self, local: dict) -> None:
         self.dispatch.load_state_dict(local.get("carried", []))
+        self.colocate_threads.load_state_dict(local.get("judge_threads"))
         if self.auto is not None and (line := self.auto.load_state_dict(local.get("auto"))):
             self.log(f"[placement] {line}", flush=True)
 
-    def judge_threads(self, plan: CorePlan) -> int:
+    def judge_threads(self, plan: CorePlan | None) -> int:
         """The judge's torch threads (over all its servers) when ``plan`` runs."""
         j = self.cfg.reward.judge
-        if plan.mode == "shared":
+        if plan is None or plan.mode == "shared":
             return j.threads * max(1, j.num_servers)
         if plan.mode == "colocate":
-            return self.cfg.placement.judge_threads or len(plan.judge)
+            return self.colocate_threads.current()
         return len(plan.judge)
 
     # ------------------------------------------------------------------ step bookkeeping
     def _begin_step(self) -> None:
         self._in_step = True
         self._acc = {"gen_s": 0.0, "reward_s": 0.0, "wait_s": 0.0, "chunks": 0.0}
-        self._acc.update(cut=0.0, samples=0.0)  # samples the token budget cut, of all
+        self._acc.update(cut=0.0, samples=0.0, scored=0.0)  # cut by the token budget, of all
         self._peaks = {}
         self._t0 = time.perf_counter()
         self._cpu0 = res.cpu_seconds()
@@ -246,6 +249,7 @@ class Placement:
         else:
             r = self._colocate(ctl, n, sampling, timer, plan)
         self._collect_end = time.perf_counter()
+        self._acc["scored"] += len(r)
         if getattr(r, "truncated", None) is not None:
             self._acc["cut"] += float(r.truncated.sum())
             self._acc["samples"] += len(r)
@@ -505,13 +509,14 @@ class Placement:
             "chunks": self._acc["chunks"],
             "cut": self._acc["cut"],
             "samples": self._acc["samples"],
+            "scored": self._acc["scored"],
         }
         for name, v in self._peaks.items():
             local[f"peak_{name}"] = v
         local = {k: local.get(k, 0.0) for k in sorted(set(local) | set(self._peak_keys()))}
         total = self.dist.sum_many(local)
         if self.group:  # every process's CPU, the model-parallel groups' other ranks too
-            total["cpu_s"] = _all_processes(local["cpu_s"], self.dist.device)
+            total["cpu_s"] = res.sum_over_processes(local["cpu_s"], self.dist.device)
         mx = {
             k: max(self.dist.gather_floats(v))
             for k, v in (
@@ -539,9 +544,15 @@ class Placement:
             "placement/cpu_util": (total["cpu_s"] + total["judge_cpu_s"]) / (cores * step),
         }
         out["placement/idle_frac_cores"] = 1.0 - out["placement/cpu_util"]
+        threads = self.judge_threads(plan)
         if self.has_judge:
             n = max(1, self.cfg.reward.judge.num_servers)
             out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
+            out["placement/judge_threads"] = float(threads)
+            if plan is not None and plan.mode == "colocate":
+                ct, busy = self.colocate_threads, total["judge_busy_s"]
+                if seen := ct.observe(threads, busy, total["scored"]):
+                    self.log(f"[placement] {seen}", flush=True)
         peaks = {k[5:]: v for k, v in total.items() if k.startswith("peak_") and v > 0}
         device = {k[7:]: peaks.pop(k) for k in list(peaks) if k.startswith("device_")}
         for name, v in peaks.items():
@@ -576,7 +587,7 @@ class Placement:
                 collect_s=mx["collect"],
                 step_s=step,
                 chunks=int(total["chunks"] / callers),
-                judge_threads=self.judge_threads(plan),
+                judge_threads=threads,
                 cut_frac=total["cut"] / total["samples"] if total["samples"] else 0.0,
             )
             self.auto.observe(m)
@@ -587,12 +598,3 @@ class Placement:
             return []
         phases = ("generate", "judge", "train")
         return [f"peak_{p}" for p in phases] + [f"peak_device_{p}" for p in phases]
-
-
-def _all_processes(value: float, device) -> float:
-    """``value`` summed over every process of the run."""
-    import torch.distributed as tdist
-
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    tdist.all_reduce(t)
-    return float(t.item())

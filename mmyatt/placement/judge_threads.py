@@ -1,0 +1,84 @@
+"""Colocate's judge threads, measured (``placement.judge_threads: -1``).
+
+In a colocate step the judge has every core of the run to itself. Whether its torch
+threads use them depends on the judge: a text judge scoring a batch of 64 completions ran
+faster on 2 threads than on 1, while the GenRM image recipe's VLM judge ran slower on 2
+(0.30 s of model time per step against 0.23: its per-image operations are too small to
+split; BENCHMARKS.md "The GenRM image recipe in every fixed mode"). So with -1 the run
+measures instead of guessing: ``steps`` colocate steps with one thread per core, then
+``steps`` with one thread, and keeps the count whose judge model time per scored sample
+(the median over its steps) is lower. The first colocate step of the run is warm-up and
+not counted. The measurements are all-reduced figures (``placement/judge_busy_s`` and
+the samples scored), so every controller reaches the same choice, which auto's cost
+model then sees as colocate's thread count (it keeps judge times per mode and thread
+count). The choice is logged as ``placement/judge_threads`` and kept in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+MEASURED = -1  # placement.judge_threads: choose by measurement
+
+
+class JudgeThreads:
+    def __init__(self, setting: int, cores: int, steps: int = 2):
+        self.cores = max(1, cores)
+        self.steps = max(1, steps)
+        self.fixed = None if setting == MEASURED else (setting or self.cores)
+        # the counts still to measure, in order; one core leaves nothing to choose
+        self.todo = [self.cores, 1] if self.fixed is None and self.cores > 1 else []
+        self.chosen: int | None = (
+            self.fixed if self.fixed is not None else (None if self.todo else 1)
+        )
+        self.per_sample: dict[int, list[float]] = {}
+        self.warmed = False
+
+    def current(self) -> int:
+        """The judge's threads for the next colocate step."""
+        return self.chosen if self.chosen is not None else self.todo[0]
+
+    def observe(self, threads: int, judge_busy_s: float, samples: float) -> str | None:
+        """One colocate step's judge model time over ``samples`` scored samples, on
+        ``threads`` threads; returns a line to show when the choice is made."""
+        if self.chosen is not None or samples <= 0 or judge_busy_s <= 0:
+            return None
+        if not self.warmed:
+            self.warmed = True
+            return None
+        seen = self.per_sample.setdefault(threads, [])
+        seen.append(judge_busy_s / samples)
+        if threads == self.todo[0] and len(seen) >= self.steps:
+            self.todo.pop(0)
+        if self.todo:
+            return None
+        med = {t: statistics.median(v) for t, v in self.per_sample.items()}
+        self.chosen = min(med, key=lambda t: (med[t], -t))
+        shown = ", ".join(f"{1e3 * v:.2f} ms on {t}" for t, v in sorted(med.items(), reverse=True))
+        return (
+            f"colocate's judge: {shown} thread(s) per sample (model time, median of "
+            f"{self.steps} steps): keeps {self.chosen}"
+        )
+
+    def checkpoint_entry(self) -> dict:
+        """``{"judge_threads": state}`` for a controller's placement state when the count
+        is measured; nothing when it is set."""
+        return {} if self.fixed is not None else {"judge_threads": self.state_dict()}
+
+    def state_dict(self) -> dict:
+        return {
+            "cores": self.cores,
+            "chosen": self.chosen,
+            "todo": list(self.todo),
+            "per_sample": {str(t): v for t, v in self.per_sample.items()},
+            "warmed": self.warmed,
+        }
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """A checkpoint's measurements, when this run measures on as many cores."""
+        if self.fixed is not None or not state or state.get("cores") != self.cores:
+            return
+        self.chosen = state["chosen"]
+        self.todo = [int(t) for t in state["todo"]]
+        self.per_sample = {int(t): list(v) for t, v in state["per_sample"].items()}
+        self.warmed = bool(state["warmed"])

@@ -1,0 +1,125 @@
+"""Colocate's judge threads chosen by measurement (placement.judge_threads=-1)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mmyatt.config import ConfigError, load_config
+from mmyatt.distributed import Dist
+from mmyatt.metrics import PhaseTimer
+from mmyatt.placement import resources as res
+from mmyatt.placement.judge_threads import JudgeThreads
+from mmyatt.placement.runner import Placement
+from tests.test_placement_runner import SAMPLING, Ctl, JudgeSpy, Shard
+
+
+def test_measures_all_cores_then_one_thread_and_keeps_the_faster():
+    jt = JudgeThreads(-1, cores=4, steps=2)
+    assert jt.current() == 4
+    assert jt.observe(4, 9.0, 10) is None  # the run's first colocate step: warm-up
+    assert jt.observe(4, 0.05, 10) is None  # 5 ms per sample
+    assert jt.current() == 4
+    assert jt.observe(4, 0.07, 10) is None  # 7 ms: the median of 4 threads is 6 ms
+    assert jt.current() == 1  # both steps on 4 threads measured: now 1 thread
+    assert jt.observe(1, 0.04, 10) is None
+    line = jt.observe(1, 0.045, 10)  # 1 thread: median 4.25 ms < 6 ms
+    assert jt.current() == 1 and jt.chosen == 1
+    assert line == (
+        "colocate's judge: 6.00 ms on 4, 4.25 ms on 1 thread(s) per sample (model time, "
+        "median of 2 steps): keeps 1"
+    )
+    assert jt.observe(1, 1.0, 10) is None and jt.current() == 1  # decided once
+
+
+def test_more_threads_kept_when_faster_or_tied():
+    jt = JudgeThreads(-1, cores=2, steps=1)
+    jt.observe(2, 1.0, 1)  # warm-up
+    jt.observe(2, 0.02, 10)
+    assert jt.observe(1, 0.03, 10).endswith("keeps 2") and jt.current() == 2
+    tie = JudgeThreads(-1, cores=2, steps=1)
+    for threads, busy in ((2, 1.0), (2, 0.02), (1, 0.02)):
+        tie.observe(threads, busy, 10)
+    assert tie.current() == 2
+
+
+def test_set_counts_and_one_core_measure_nothing():
+    assert JudgeThreads(0, cores=2).current() == 2  # one per core
+    assert JudgeThreads(3, cores=2).current() == 3
+    one = JudgeThreads(-1, cores=1)
+    assert one.current() == 1 and one.chosen == 1
+    fixed = JudgeThreads(0, cores=2, steps=1)
+    assert all(fixed.observe(2, 0.1, 10) is None for _ in range(4)) and fixed.current() == 2
+    # a step that scored nothing (or a judge that did no work) is not a measurement
+    jt = JudgeThreads(-1, cores=2, steps=1)
+    jt.observe(2, 1.0, 1)
+    assert jt.observe(2, 0.0, 10) is None and jt.observe(2, 0.1, 0) is None
+    assert jt.current() == 2 and jt.per_sample == {}
+
+
+def test_checkpoint_carries_a_measurement_under_way_on_the_same_cores():
+    jt = JudgeThreads(-1, cores=2, steps=2)
+    for busy in (1.0, 0.05, 0.05):
+        jt.observe(2, busy, 10)
+    again = JudgeThreads(-1, cores=2, steps=2)
+    again.load_state_dict(jt.state_dict())
+    assert again.current() == 1 and again.per_sample == {2: [0.005, 0.005]}
+    other = JudgeThreads(-1, cores=4, steps=2)  # other cores: measured afresh
+    other.load_state_dict(jt.state_dict())
+    assert other.current() == 4 and other.per_sample == {}
+
+
+def test_config_takes_minus_one_and_refuses_below():
+    assert load_config(None, ["placement.judge_threads=-1"]).placement.judge_threads == -1
+    with pytest.raises(ConfigError, match=r"placement.judge_threads must be >= -1, got -2"):
+        load_config(None, ["placement.judge_threads=-2"])
+
+
+class TimedJudge(JudgeSpy):
+    """A judge whose model time per sample depends on the threads it was placed with."""
+
+    def __init__(self, ms_per_sample: dict[int, float], samples: int):
+        super().__init__()
+        self.cost, self.samples = ms_per_sample, samples
+        self.threads: list[int] = []
+        self.busy = 0.0
+
+    def place(self, cores, threads, reset_peak=False):
+        super().place(cores, threads)
+        self.threads.append(threads)
+
+    def wake(self):  # colocate wakes the judge for its phase: it scores the step's samples
+        super().wake()
+        self.busy += self.samples * self.cost[self.threads[-1]] / 1e3
+
+    def stats(self):
+        return {"peak_rss_mb": 0.0, "model_time_s": self.busy}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_colocate_steps_measure_both_counts_then_run_the_faster():
+    import torch
+
+    cfg = load_config(
+        None, ["placement.mode=colocate", "placement.judge_threads=-1", "placement.cores=[0,1]"]
+    )
+    lines: list[str] = []
+    pl = Placement(cfg, Dist(), Shard(), log=lambda s, **k: lines.append(s))
+    pl.has_judge, pl.judges = True, TimedJudge({2: 4.0, 1: 3.0}, samples=2)
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    logged = []
+    try:
+        for _ in range(7):
+            pl.generate_and_score(Ctl(), 2, SAMPLING, PhaseTimer())
+            logged.append(pl.end_step()["placement/judge_threads"])
+    finally:
+        res.pin_process(cores)
+        torch.set_num_threads(threads)
+    # warm-up and 2 measured steps on both cores, 2 on 1 thread, then 1 thread kept
+    assert logged == [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    assert lines == [
+        "[placement] colocate's judge: 4.00 ms on 2, 3.00 ms on 1 thread(s) per sample "
+        "(model time, median of 2 steps): keeps 1"
+    ]
+    assert pl.state_dict()["judge_threads"]["chosen"] == 1
