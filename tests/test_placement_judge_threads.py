@@ -15,22 +15,32 @@ from mmyatt.placement.runner import Placement
 from tests.test_placement_runner import SAMPLING, Ctl, JudgeSpy, Shard
 
 
-def test_measures_all_cores_then_one_thread_and_keeps_the_faster():
+def test_measures_all_cores_and_one_thread_in_abba_order_and_keeps_the_faster():
     jt = JudgeThreads(-1, cores=4, steps=2)
     assert jt.current() == 4
     assert jt.observe(4, 9.0, 10) is None  # the run's first colocate step: warm-up
-    assert jt.observe(4, 0.05, 10) is None  # 5 ms per sample
-    assert jt.current() == 4
-    assert jt.observe(4, 0.07, 10) is None  # 7 ms: the median of 4 threads is 6 ms
-    assert jt.current() == 1  # both steps on 4 threads measured: now 1 thread
-    assert jt.observe(1, 0.04, 10) is None
-    line = jt.observe(1, 0.045, 10)  # 1 thread: median 4.25 ms < 6 ms
+    assert jt.observe(4, 0.05, 10) is None and jt.current() == 1  # A (5 ms per sample)
+    assert jt.observe(1, 0.04, 10) is None and jt.current() == 1  # B
+    assert jt.observe(1, 0.045, 10) is None and jt.current() == 4  # B
+    line = jt.observe(4, 0.07, 10)  # A: 4 threads' median 6 ms, 1 thread's 4.25 ms
     assert jt.current() == 1 and jt.chosen == 1
     assert line == (
         "colocate's judge: 6.00 ms on 4, 4.25 ms on 1 thread(s) per sample (model time, "
         "median of 2 steps): keeps 1"
     )
     assert jt.observe(1, 1.0, 10) is None and jt.current() == 1  # decided once
+    # three steps each: A B B A A B
+    three = JudgeThreads(-1, cores=2, steps=3)
+    assert three.todo == [2, 1, 1, 2, 2, 1]
+
+
+def test_a_step_on_another_count_is_not_counted():
+    """A colocate step that ran on a count other than the one due (the count is read when
+    the judge is placed) adds nothing and moves nothing."""
+    jt = JudgeThreads(-1, cores=2, steps=1)
+    jt.observe(2, 1.0, 1)  # warm-up
+    assert jt.observe(1, 0.01, 10) is None
+    assert jt.todo == [2, 1] and jt.per_sample == {}
 
 
 def test_more_threads_kept_when_faster_or_tied():
@@ -60,11 +70,12 @@ def test_set_counts_and_one_core_measure_nothing():
 
 def test_checkpoint_carries_a_measurement_under_way_on_the_same_cores():
     jt = JudgeThreads(-1, cores=2, steps=2)
-    for busy in (1.0, 0.05, 0.05):
-        jt.observe(2, busy, 10)
+    for threads, busy in ((2, 1.0), (2, 0.05), (1, 0.04)):
+        jt.observe(threads, busy, 10)
     again = JudgeThreads(-1, cores=2, steps=2)
     again.load_state_dict(jt.state_dict())
-    assert again.current() == 1 and again.per_sample == {2: [0.005, 0.005]}
+    assert again.current() == 1 and again.todo == [1, 2]
+    assert again.per_sample == {2: [0.005], 1: [0.004]}
     other = JudgeThreads(-1, cores=4, steps=2)  # other cores: measured afresh
     other.load_state_dict(jt.state_dict())
     assert other.current() == 4 and other.per_sample == {}
@@ -116,8 +127,8 @@ def test_colocate_steps_measure_both_counts_then_run_the_faster():
     finally:
         res.pin_process(cores)
         torch.set_num_threads(threads)
-    # warm-up and 2 measured steps on both cores, 2 on 1 thread, then 1 thread kept
-    assert logged == [2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    # warm-up on both cores, then both cores, 1, 1, both (A B B A), then 1 thread kept
+    assert logged == [2.0, 2.0, 1.0, 1.0, 2.0, 1.0, 1.0]
     assert lines == [
         "[placement] colocate's judge: 4.00 ms on 2, 3.00 ms on 1 thread(s) per sample "
         "(model time, median of 2 steps): keeps 1"

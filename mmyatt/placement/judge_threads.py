@@ -5,10 +5,14 @@ threads use them depends on the judge: a text judge scoring a batch of 64 comple
 faster on 2 threads than on 1, while the GenRM image recipe's VLM judge ran slower on 2
 (0.30 s of model time per step against 0.23: its per-image operations are too small to
 split; BENCHMARKS.md "The GenRM image recipe in every fixed mode"). So with -1 the run
-measures instead of guessing: ``steps`` colocate steps with one thread per core, then
-``steps`` with one thread, and keeps the count whose judge model time per scored sample
-(the median over its steps) is lower. The first colocate step of the run is warm-up and
-not counted. The measurements are all-reduced figures (``placement/judge_busy_s`` and
+measures instead of guessing: ``steps`` colocate steps with one thread per core and
+``steps`` with one thread, in the order A B B A A B ... (one thread per core is A), and
+keeps the count whose judge model time per scored sample (the median over its steps) is
+lower. Measured one count after the other (A A B B), it kept the slower count in 1 of 3
+runs of the placement bench's judge (bench/placement/colocate_judge_threads_measured.json
+at that commit): a trend over a run's first steps (a process still warming, the machine)
+falls on one count only there, and A B B A cancels a linear one. The first colocate step
+of the run is warm-up and not counted. The measurements are all-reduced figures (``placement/judge_busy_s`` and
 the samples scored), so every controller reaches the same choice, which auto's cost
 model then sees as colocate's thread count (it keeps judge times per mode and thread
 count). The choice is logged as ``placement/judge_threads`` and kept in the checkpoint.
@@ -26,8 +30,10 @@ class JudgeThreads:
         self.cores = max(1, cores)
         self.steps = max(1, steps)
         self.fixed = None if setting == MEASURED else (setting or self.cores)
-        # the counts still to measure, in order; one core leaves nothing to choose
-        self.todo = [self.cores, 1] if self.fixed is None and self.cores > 1 else []
+        # the counts still to measure, in order (A B B A ...); one core: nothing to choose
+        pair = (self.cores, 1)
+        abba = [pair[i % 4 in (1, 2)] for i in range(2 * self.steps)]
+        self.todo = abba if self.fixed is None and self.cores > 1 else []
         self.chosen: int | None = (
             self.fixed if self.fixed is not None else (None if self.todo else 1)
         )
@@ -46,10 +52,10 @@ class JudgeThreads:
         if not self.warmed:
             self.warmed = True
             return None
-        seen = self.per_sample.setdefault(threads, [])
-        seen.append(judge_busy_s / samples)
-        if threads == self.todo[0] and len(seen) >= self.steps:
-            self.todo.pop(0)
+        if threads != self.todo[0]:  # not the count this step was to measure
+            return None
+        self.per_sample.setdefault(threads, []).append(judge_busy_s / samples)
+        self.todo.pop(0)
         if self.todo:
             return None
         med = {t: statistics.median(v) for t, v in self.per_sample.items()}
