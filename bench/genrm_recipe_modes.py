@@ -29,7 +29,8 @@ rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 dest = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "bench/placement/genrm_recipe_modes.json"
 arms = {
     "shared": ["placement.mode=shared"],
-    "colocate": ["placement.mode=colocate"],  # the judge phase on both cores (2 threads)
+    # the judge phase on both cores (2 threads; the default until 2026-12-05, now measured)
+    "colocate": ["placement.mode=colocate", "placement.judge_threads=0"],
     "colocate_judge_1thread": ["placement.mode=colocate", "placement.judge_threads=1"],
     "partial": ["placement.mode=partial"],
     "colocate_judge_measured": ["placement.mode=colocate", "placement.judge_threads=-1"],

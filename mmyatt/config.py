@@ -278,7 +278,7 @@ class PlacementConfig:
     merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
     offload_policy: bool = False  # colocate, GPU: idle policy off the device (placement/offload.py)
-    judge_threads: int = 0  # colocate: judge's threads (0: one per core; -1: measured, 1 or all)
+    judge_threads: int = -1  # colocate: judge's threads (-1: measured, 1 or all; 0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing
     # auto: profile colocate, then partial (with a judge), instead of starting in shared and
     # measuring a plan only where its optimistic prediction wins (placement/auto.py)

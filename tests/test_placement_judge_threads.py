@@ -70,10 +70,12 @@ def test_set_counts_and_one_core_measure_nothing():
 
 def test_checkpoint_carries_a_measurement_under_way_on_the_same_cores():
     jt = JudgeThreads(-1, cores=2, steps=2)
+    assert jt.checkpoint_entry() == {}  # no colocate step has judged anything yet
+    assert JudgeThreads(0, cores=2).checkpoint_entry() == {}  # a set count: nothing to keep
     for threads, busy in ((2, 1.0), (2, 0.05), (1, 0.04)):
         jt.observe(threads, busy, 10)
     again = JudgeThreads(-1, cores=2, steps=2)
-    again.load_state_dict(jt.state_dict())
+    again.load_state_dict(jt.checkpoint_entry()["judge_threads"])
     assert again.current() == 1 and again.todo == [1, 2]
     assert again.per_sample == {2: [0.005], 1: [0.004]}
     other = JudgeThreads(-1, cores=4, steps=2)  # other cores: measured afresh
@@ -81,8 +83,9 @@ def test_checkpoint_carries_a_measurement_under_way_on_the_same_cores():
     assert other.current() == 4 and other.per_sample == {}
 
 
-def test_config_takes_minus_one_and_refuses_below():
-    assert load_config(None, ["placement.judge_threads=-1"]).placement.judge_threads == -1
+def test_config_measures_by_default_and_refuses_below_minus_one():
+    assert load_config(None, []).placement.judge_threads == -1
+    assert load_config(None, ["placement.judge_threads=0"]).placement.judge_threads == 0
     with pytest.raises(ConfigError, match=r"placement.judge_threads must be >= -1, got -2"):
         load_config(None, ["placement.judge_threads=-2"])
 

@@ -58,7 +58,9 @@ from mmyatt.placement.bench_figures import (
 )
 
 JUDGE_TOKENS = 16
-COLOCATE_JUDGE_THREADS = 0  # placement.judge_threads in every arm: 0 = one per core
+# placement.judge_threads in every arm: 0 = one per core (the default until 2026-12-05,
+# now -1, measured), so that the figures of record keep their meaning
+COLOCATE_JUDGE_THREADS = 0
 STOP = ["e", "1"]  # a completion token holding one of these ends it: geometric lengths
 
 CORPUS = [

@@ -1,4 +1,4 @@
-"""Colocate's judge threads, measured (``placement.judge_threads: -1``).
+"""Colocate's judge threads, measured (``placement.judge_threads: -1``, the default).
 
 In a colocate step the judge has every core of the run to itself. Whether its torch
 threads use them depends on the judge: a text judge scoring a batch of 64 completions ran
@@ -10,9 +10,10 @@ measures instead of guessing: ``steps`` colocate steps with one thread per core 
 keeps the count whose judge model time per scored sample (the median over its steps) is
 lower. Measured one count after the other (A A B B), it kept the slower count in 1 of 3
 runs of the placement bench's judge (bench/placement/colocate_judge_threads_measured.json
-at that commit): a trend over a run's first steps (a process still warming, the machine)
+as committed in 9bfed05): a trend over a run's first steps (a process still warming, the machine)
 falls on one count only there, and A B B A cancels a linear one. The first colocate step
-of the run is warm-up and not counted. The measurements are all-reduced figures (``placement/judge_busy_s`` and
+of the run is warm-up and not counted. A judge that reports no model time (a vLLM
+server has no ``/stats``) gives nothing to compare, and keeps one thread per core. The measurements are all-reduced figures (``placement/judge_busy_s`` and
 the samples scored), so every controller reaches the same choice, which auto's cost
 model then sees as colocate's thread count (it keeps judge times per mode and thread
 count). The choice is logged as ``placement/judge_threads`` and kept in the checkpoint.
@@ -67,9 +68,11 @@ class JudgeThreads:
         )
 
     def checkpoint_entry(self) -> dict:
-        """``{"judge_threads": state}`` for a controller's placement state when the count
-        is measured; nothing when it is set."""
-        return {} if self.fixed is not None else {"judge_threads": self.state_dict()}
+        """``{"judge_threads": state}`` for a controller's placement state once a colocate
+        step has judged something; nothing when the count is set or nothing was seen."""
+        if self.fixed is not None or not self.warmed:
+            return {}
+        return {"judge_threads": self.state_dict()}
 
     def state_dict(self) -> dict:
         return {
