@@ -10,13 +10,14 @@ measures instead of guessing: ``steps`` colocate steps with one thread per core 
 keeps the count whose judge model time per scored sample (the median over its steps) is
 lower. Measured one count after the other (A A B B), it kept the slower count in 1 of 3
 runs of the placement bench's judge (bench/placement/colocate_judge_threads_measured.json
-as committed in 9bfed05): a trend over a run's first steps (a process still warming, the machine)
-falls on one count only there, and A B B A cancels a linear one. The first colocate step
-of the run is warm-up and not counted. A judge that reports no model time (a vLLM
-server has no ``/stats``) gives nothing to compare, and keeps one thread per core. The measurements are all-reduced figures (``placement/judge_busy_s`` and
-the samples scored), so every controller reaches the same choice, which auto's cost
-model then sees as colocate's thread count (it keeps judge times per mode and thread
-count). The choice is logged as ``placement/judge_threads`` and kept in the checkpoint.
+as committed in 9bfed05): a trend over a run's first steps (a process still warming, the
+machine) falls on one count only there, and A B B A cancels a linear one. The first
+colocate step of the run is warm-up and not counted. A judge that reports no model time
+(a vLLM server has no ``/stats``) gives nothing to compare, and keeps one thread per
+core. The measurements are all-reduced figures (``placement/judge_busy_s`` and the
+samples scored), so every controller reaches the same choice, which auto's cost model
+then sees as colocate's thread count (it keeps judge times per mode and thread count).
+The choice is logged as ``placement/judge_threads`` and kept in the checkpoint.
 """
 
 from __future__ import annotations
