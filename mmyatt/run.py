@@ -270,6 +270,8 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             dynamic_ncols=True,
             mininterval=0.5 if sys.stdout.isatty() else 15.0,  # keep captured logs short
         )
+        # placement's decision lines above the bar, not glued to its end
+        ctl.placement.log = lambda line, **_: bar.write(line, file=sys.stdout)
     start = time.perf_counter()
     step = first - 1
     cut_by_time = False
