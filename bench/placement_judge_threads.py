@@ -10,6 +10,10 @@ With ``measured``: colocate on 2 threads, on 1, and with its judge threads measu
 bench/placement/colocate_judge_threads_measured.json.
 
     .venv/bin/python bench/placement_judge_threads.py measured
+    .venv/bin/python bench/placement_judge_threads.py measured comparable   # 4-token judge
+
+``comparable`` runs the judge_comparable workload's judge (4 tokens per sample) and
+writes bench/placement/colocate_judge_threads_measured_comparable.json.
 """
 
 import json
@@ -24,7 +28,9 @@ from mmyatt.placement import bench as B
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-threads-"))
 policy, judge = B._models(tmp)
 base = B._base(policy, 21)
-MEASURED = sys.argv[1:] == ["measured"]
+MEASURED = sys.argv[1:2] == ["measured"]
+COMPARABLE = sys.argv[2:3] == ["comparable"]
+judge_args = B._judge(judge, B.COMPARABLE_JUDGE_TOKENS) if COMPARABLE else B._judge(judge)
 arms = {
     "colocate_2threads": ["placement.mode=colocate", "placement.judge_threads=0"],
     "partial": ["placement.mode=partial"],
@@ -37,7 +43,7 @@ names = list(arms)
 res = {}
 for k in range(3):
     for n in names[k % len(names) :] + names[: k % len(names)]:
-        a = B._arm(tmp, f"{n}_{k}", base + arms[n] + B._judge(judge), 21)
+        a = B._arm(tmp, f"{n}_{k}", base + arms[n] + judge_args, 21)
         rows = B._rows(tmp / f"{n}_{k}", first=2)
         a["timing_means"] = {
             key: statistics.fmean(r[key] for r in rows if key in r)
@@ -70,6 +76,8 @@ for n in ("partial", "colocate_measured"):
             out[f"{n}_over_{other}_per_round"] = per
 out["command"] = " ".join([".venv/bin/python bench/placement_judge_threads.py", *sys.argv[1:]])
 name = "colocate_judge_threads_measured.json" if MEASURED else "colocate_judge_threads.json"
+if COMPARABLE:
+    name = name.replace(".json", "_comparable.json")
 dest = Path(__file__).resolve().parent / "placement" / name
 dest.write_text(json.dumps(out, indent=1, default=str) + "\n")
 print({k: v for k, v in out.items() if "_over_" in k})
