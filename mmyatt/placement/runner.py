@@ -164,7 +164,7 @@ class Placement:
     def _begin_step(self) -> None:
         self._in_step = True
         self._acc = {"gen_s": 0.0, "reward_s": 0.0, "wait_s": 0.0, "chunks": 0.0}
-        self._acc.update(cut=0.0, samples=0.0, scored=0.0)  # cut by the token budget, of all
+        self._acc.update(cut=0.0, scored=0.0)  # samples cut by the token budget, scored
         self._peaks = {}
         self._t0 = time.perf_counter()
         self._cpu0 = res.cpu_seconds()
@@ -252,7 +252,6 @@ class Placement:
         self._acc["scored"] += len(r)
         if getattr(r, "truncated", None) is not None:
             self._acc["cut"] += float(r.truncated.sum())
-            self._acc["samples"] += len(r)
         return r
 
     def _unpin(self, plan: CorePlan) -> None:
@@ -508,7 +507,6 @@ class Placement:
             "offload_s": self.offload.take_seconds() if self.offload is not None else 0.0,
             "chunks": self._acc["chunks"],
             "cut": self._acc["cut"],
-            "samples": self._acc["samples"],
             "scored": self._acc["scored"],
         }
         for name, v in self._peaks.items():
@@ -588,7 +586,7 @@ class Placement:
                 step_s=step,
                 chunks=int(total["chunks"] / callers),
                 judge_threads=threads,
-                cut_frac=total["cut"] / total["samples"] if total["samples"] else 0.0,
+                cut_frac=total["cut"] / total["scored"] if total["scored"] else 0.0,
             )
             self.auto.observe(m)
         return out
