@@ -175,7 +175,7 @@ class JudgeConfig:
     api_key_env: str | None = None  # name of the env var holding the key; keys never enter configs
     max_batch: int = 32
     threads: int = 1  # torch threads per judge server (CPU)
-    devices: tuple[str, ...] = ()  # GPU ids, one per server
+    devices: tuple[str, ...] = ()  # a GPU id per server, round robin ('0,1': 2 GPUs, one server)
     max_retries: int = 8  # per judge request; with the backoff (0.2 s doubling, at most 5 s
     # between tries) the run waits ~10-20 s for a lost judge before it saves and stops
     timeout_s: float = 30.0  # per attempt

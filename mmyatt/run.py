@@ -18,6 +18,7 @@ from mmyatt import builders
 from mmyatt.checkpoint import Checkpointer
 from mmyatt.config import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
+from mmyatt.placement.devices import check_judge_devices, device_lines
 
 
 def resolve_run_dir(cfg: RunConfig, run_dir: str | None) -> Path:
@@ -67,6 +68,10 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
     quiet_libraries()
+    check_judge_devices(cfg)  # GPUs the judge cannot have fail here, before anything starts
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in device_lines(cfg):
+            print(line, flush=True)
     if under_launcher():  # an external torchrun started us: every rank is a controller
         dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
         pool = None
