@@ -41,14 +41,12 @@ from mmyatt.placement.config import (
 )
 from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.placement.judge_threads import JudgeThreads
+from mmyatt.placement.merged import partial_merged
 from mmyatt.placement.stream import (
     FIELDS,
     JudgeStream,
     finished_unit,
-    gather_records,
     in_row_order,
-    rank_parts,
-    scatter_parts,
 )
 from mmyatt.rollout import Rollout
 
@@ -348,7 +346,7 @@ class Placement:
             return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
 
         if self.merge:
-            return self._partial_merged(ctl, n, sampling, timer, plan, judge)
+            return partial_merged(self, ctl, n, sampling, timer, plan, judge)
         stream = JudgeStream(judge, self.cfg.placement.stream_max_samples)
         t0 = time.perf_counter()
         try:
@@ -398,55 +396,6 @@ class Placement:
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
-
-    def _partial_merged(self, ctl, n, sampling, timer, plan: CorePlan, judge):
-        """placement.merge_rollout: every controller sends its records to the first, which
-        generates all of them in one batch (one process on the rollout cores instead of
-        one per controller taking turns) and streams each finished sample to the judge;
-        then each controller gets back its own samples with their rewards. The samples
-        are those each controller would have generated (generation is seeded per prompt,
-        not per controller) and its data stays its own: only its records (text) and its
-        samples' tensors travel."""
-        W, first = self.dist.world_size, self.dist.is_main
-        G = self.cfg.sampling.group_size
-        records = self.dispatch.draw(n)
-        ctl.consumed += [rec["_index"] for rec in records]
-        t0 = time.perf_counter()
-        with timer("generate"):
-            boxes = gather_records(records, W, first)
-        parts, error = [None] * W, None
-        if first:
-            flat = [rec for box in boxes for rec in box]
-            # each controller's stream would have sent up to stream_max_samples per call
-            # at once: the one stream sends as many as all of theirs
-            stream = JudgeStream(judge, self.cfg.placement.stream_max_samples * W)
-            try:
-                with timer("generate"):
-                    send = stream.on_finished(flat, G)
-                    s = replace(sampling, on_finished=send, finished_unit=finished_unit(ctl.reward))
-                    r = ctl.generate(flat, s)
-                    stream.send_unreported(r)
-                self._acc["gen_s"] += time.perf_counter() - t0
-                if self.has_judge and self.cfg.placement.widen_judge:
-                    self._place_judge(plan.cores, len(plan.cores))  # generation is done
-                stream.finish()
-                t1 = time.perf_counter()
-                with timer("reward"):
-                    results, error = stream.results()
-                self._acc["reward_s"] += time.perf_counter() - t1
-            finally:
-                stream.close()
-            self._acc["chunks"] += len(results)
-            if error is None:
-                parts = rank_parts(r, *in_row_order(results), [len(b) * G for b in boxes])
-        t0 = time.perf_counter()
-        with timer("wait"):  # the others wait here while the first generates
-            mine = scatter_parts(parts, first)
-        if not first:  # idle: its samples were generated (and judged) by the first
-            self._acc["wait_s"] += time.perf_counter() - t0
-        self._agree(ctl, error if first else None)
-        r, scored, verdicts = mine
-        return self._scored(ctl, r, scored, verdicts, plan)
 
     def _widen_judge(self, plan: CorePlan, timer) -> None:
         """Partial, generation done on every controller: the rollout's cores would idle

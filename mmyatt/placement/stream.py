@@ -1,7 +1,7 @@
 """Partial's side of the judge: the stream that sends finished samples to it while
 generation goes on, the answers put back in the rollout's order, and, for
 ``placement.merge_rollout``, the records gathered to the first controller and each
-controller's samples sent back to it (``Placement._partial_merged``)."""
+controller's samples sent back to it (``placement/merged.py``)."""
 
 from __future__ import annotations
 
