@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from mmyatt.placement.bench import _big_model
+from mmyatt.placement.bench_memory import big_model
 from mmyatt.rewards.judge_server import JudgeServer
 
 
@@ -35,7 +35,7 @@ def main() -> int:
         print("no CUDA device")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        path, params = _big_model(Path(tmp) / "judge", seed=1)
+        path, params = big_model(Path(tmp) / "judge", seed=1)
         print(f"judge: {params} parameters, {mb(params * 4)} MB in float32")
         show("before load")
         server = JudgeServer(str(path), device="cuda")

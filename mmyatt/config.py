@@ -270,13 +270,14 @@ class PlacementConfig:
     stream_groups: int = 1
     # partial: once every controller has generated, the judge takes every core of the run
     widen_judge: bool = True
-    # partial: while generation runs, at most this many samples per judge call (0: all
-    # that wait), so that little is left in a call under way when the judge is widened
+    # partial: at most this many samples per judge call while generating (0: all waiting)
     stream_max_samples: int = 8
     # partial, text, several controllers: the first generates every controller's groups in
     # one batch and streams them to the judge; each gets its own back (docs/placement.md)
     merge_rollout: bool = False
     release_judge: bool = True  # colocate: drop the judge's weights outside its phase
+    # partial: the judge drops its weights while training takes everything (reloaded next step)
+    partial_release_judge: bool = False
     offload_policy: bool = False  # colocate, GPU: idle policy off the device (placement/offload.py)
     judge_threads: int = -1  # colocate: judge's threads (-1: measured, 1 or all; 0: one per core)
     profile_steps: int = 2  # auto: steps measured in its starting mode before choosing

@@ -18,6 +18,7 @@ from mmyatt import builders
 from mmyatt.checkpoint import Checkpointer
 from mmyatt.config import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
+from mmyatt.placement.config import releases_judge
 from mmyatt.placement.devices import check_judge_devices, device_lines
 
 
@@ -142,7 +143,7 @@ def start_judges(cfg: RunConfig, rd: Path):
         max_restarts=j.max_restarts,
         backend=j.backend,
         vllm_args=list(j.vllm_args),
-        settle=cfg.placement.mode in ("colocate", "auto") and cfg.placement.release_judge,
+        settle=releases_judge(cfg.placement),
     )
     print(
         f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "

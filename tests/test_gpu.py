@@ -210,10 +210,10 @@ def test_judge_sleep_gives_the_device_memory_back(tmp_path):
     allocator's cache emptied), the peak window resets, and wake reloads them there. The
     CPU dry run checks that the device figures stay 0."""
     from mmyatt.placement import resources as res
-    from mmyatt.placement.bench import _big_model
+    from mmyatt.placement.bench_memory import big_model
     from mmyatt.rewards.judge_server import JudgeServer
 
-    path, params = _big_model(tmp_path / "judge", seed=1)
+    path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20
     # the figures are this process's: earlier tests' garbage is let go first, and the
     # judge's memory is what it adds to that

@@ -16,6 +16,7 @@ TOOLS = {
     "mmyatt/builders.py",  # config -> adapters: the one door
     "mmyatt/step_profile.py",  # patches timers onto models.decode / models.flow functions
     "mmyatt/placement/bench.py",
+    "mmyatt/placement/bench_memory.py",
 }
 
 

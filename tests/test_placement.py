@@ -149,10 +149,10 @@ def test_a_judge_without_placement_routes_keeps_shared_running_and_fails_pinning
 def test_judge_sleep_gives_the_weights_memory_back_and_wake_reloads(tmp_path):
     """colocate's release on CPU: a ~97 MB judge's resident memory goes when its weights
     are dropped and comes back when they are reloaded (and used), the reload timed."""
-    from mmyatt.placement.bench import _big_model
+    from mmyatt.placement.bench_memory import big_model
     from mmyatt.rewards.judge_server import JudgeServer
 
-    path, params = _big_model(tmp_path / "judge", seed=1)
+    path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20
 
     def touch(server):  # a forward reads every weight page; summing them does the same
@@ -186,10 +186,10 @@ def test_a_settled_judge_pays_no_full_collection_at_its_first_release(tmp_path):
     """``Batcher.settle`` (run by every served judge before it serves): the first release
     is as fast as later ones and still gives the weights' memory back; settling counts
     as neither a release nor a reload."""
-    from mmyatt.placement.bench import _big_model
+    from mmyatt.placement.bench_memory import big_model
     from mmyatt.rewards.judge_server import JudgeServer
 
-    path, params = _big_model(tmp_path / "judge", seed=1)
+    path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20
     server = JudgeServer(str(path))
     try:
@@ -208,17 +208,19 @@ def test_a_settled_judge_pays_no_full_collection_at_its_first_release(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode,release,settle",
+    "mode,release,partial_release,settle",
     [
-        ("shared", True, False),
-        ("partial", True, False),
-        ("colocate", True, True),
-        ("auto", True, True),
-        ("colocate", False, False),
+        ("shared", True, False, False),
+        ("partial", True, False, False),
+        ("colocate", True, False, True),
+        ("auto", True, False, True),
+        ("colocate", False, False, False),
+        ("partial", True, True, True),  # placement.partial_release_judge
+        ("auto", False, True, True),
     ],
 )
 def test_the_run_settles_its_judge_only_where_placement_releases_it(
-    monkeypatch, tmp_path, mode, release, settle
+    monkeypatch, tmp_path, mode, release, partial_release, settle
 ):
     """A settled judge pays one extra load at start (seconds for a large judge), so the
     run asks for it only where the judge will be released between phases."""
@@ -241,6 +243,8 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
             f"reward.judge.model={tmp_path / 'judge'}",
             f"placement.mode={mode}",
             f"placement.release_judge={str(release).lower()}",
+            f"placement.partial_release_judge={str(partial_release).lower()}",
+            "reward.functions=[{name: genrm}]",
         ],
     )
     run.start_judges(cfg, tmp_path)
@@ -286,3 +290,12 @@ def test_work_key_changes_with_the_work_not_with_budgets_or_how_auto_chooses():
         assert work_key(load_config(None, [same])) == base, same
     for other in ("sampling.max_new_tokens=64", "data.prompts_per_step=3", "trainer.threads=2"):
         assert work_key(load_config(None, [other])) != base, other
+
+
+def test_partial_release_judge_needs_partial_steps_and_a_judge():
+    with pytest.raises(ConfigError, match="placement.mode=colocate has none: use partial or auto"):
+        check([*JUDGE, "placement.mode=colocate", "placement.partial_release_judge=true"])
+    with pytest.raises(ConfigError, match="no reward.functions entry is genrm"):
+        check(["placement.mode=partial", "placement.partial_release_judge=true"])
+    for mode in ("partial", "auto"):
+        check([*JUDGE, f"placement.mode={mode}", "placement.partial_release_judge=true"])

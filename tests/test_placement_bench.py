@@ -151,17 +151,24 @@ def test_every_figure_of_an_arm_is_averaged_over_rounds_not_the_last_rounds():
     assert out["peak_rss_mb_judge_heavy"]["partial"] == pytest.approx(120.0)
 
 
-def test_judge_memory_alternates_the_modes_and_pairs_the_rounds(monkeypatch, tmp_path):
-    """judge_memory runs colocate and partial in alternating order per round (no run
-    here: the arms are stubbed) and reports each ratio of means with its paired rounds."""
-    from mmyatt.placement import bench
+def test_judge_memory_rotates_the_modes_and_pairs_the_rounds(monkeypatch, tmp_path):
+    """judge_memory runs colocate, partial and partial with the judge released for
+    training in rotated order per round (no run here: the arms are stubbed) and reports
+    each ratio of means with its paired rounds."""
+    from mmyatt.placement import bench, bench_memory
 
     order: list[str] = []
-    peaks = {"colocate": [900.0, 1000.0], "partial": [1000.0, 1000.0]}
-    steps = {"colocate": [1.0, 2.0], "partial": [0.5, 2.0]}
+    peaks = {
+        "colocate": [900.0, 1000.0],
+        "partial": [1000.0, 1000.0],
+        "partial_release": [800.0, 950.0],
+    }
+    steps = {"colocate": [1.0, 2.0], "partial": [0.5, 2.0], "partial_release": [0.6, 2.2]}
 
     def fake_arm(tmp, name, overrides, n):
         mode = next(o.split("=")[1] for o in overrides if o.startswith("placement.mode="))
+        if "placement.partial_release_judge=true" in overrides:
+            mode = "partial_release"
         k = int(name.rsplit("_r", 1)[1])
         order.append(f"{name.split('_policy_')[1].split('_')[0]}:{mode}")
         arm = _step_arm(steps[mode][k])
@@ -169,20 +176,24 @@ def test_judge_memory_alternates_the_modes_and_pairs_the_rounds(monkeypatch, tmp
         return arm
 
     monkeypatch.setattr(bench, "_arm", fake_arm)
-    monkeypatch.setattr(bench, "_big_model", lambda out_dir, seed: (out_dir, 25_000_000))
-    out = bench._memory_arms(tmp_path, [], 3, rounds=2)
-    assert order == ["qwen2:colocate", "qwen2:partial", "qwen2:partial", "qwen2:colocate"] + [
-        "25m:colocate",
-        "25m:partial",
-        "25m:partial",
-        "25m:colocate",
-    ]
+    monkeypatch.setattr(bench_memory, "big_model", lambda out_dir, seed: (out_dir, 25_000_000))
+    out = bench_memory.memory_arms(tmp_path, [], 3, rounds=2)
+    rotated = ["colocate", "partial", "partial_release", "partial", "partial_release", "colocate"]
+    assert order == [f"qwen2:{m}" for m in rotated] + [f"25m:{m}" for m in rotated]
     arms = out["policy_25m"]
     assert arms["colocate"]["peak_rss_mb"] == pytest.approx(950.0)
     assert arms["colocate_over_partial_peak_rss"] == pytest.approx(0.95)
     assert arms["colocate_over_partial_peak_rss_rounds"]["per_round"] == pytest.approx([0.9, 1.0])
     assert arms["partial_over_colocate_step_s"] == pytest.approx(2.5 / 3.0)
     assert arms["partial_over_colocate_step_s_rounds"]["per_round"] == pytest.approx([0.5, 1.0])
+    assert arms["partial_release_over_partial_peak_rss"] == pytest.approx(875.0 / 1000.0)
+    got = arms["partial_release_over_partial_peak_rss_rounds"]["per_round"]
+    assert got == pytest.approx([0.8, 0.95])
+    got = arms["partial_release_over_colocate_peak_rss_rounds"]["per_round"]
+    assert got == pytest.approx([800 / 900, 0.95])
+    assert arms["partial_release_over_partial_step_s"] == pytest.approx(2.8 / 2.5)
+    got = arms["partial_release_over_partial_step_s_rounds"]["per_round"]
+    assert got == pytest.approx([1.2, 1.1])
     assert out["rounds"] == 2
 
 

@@ -73,7 +73,23 @@ def test_device_map_and_the_time_slicing_note(monkeypatch):
     for mode in ("partial", "auto"):
         lines = device_lines(cfg(*JUDGE, *two, f"placement.mode={mode}"), 2)
         assert lines[1] == "[placement] judge servers on 0: cuda:0"
-        assert lines[2].startswith("[placement] the judge shares cuda:0 with the controllers")
+        assert lines[2].startswith(
+            "[placement] the judge shares cuda:0 with generating controllers"
+        )
+    # merge_rollout: only the first controller generates; a judge on the second one's GPU
+    # runs beside rollout, and training takes that GPU too
+    merged = [*JUDGE, *two, "placement.mode=partial", "placement.merge_rollout=true"]
+    lines = device_lines(cfg(*merged, "reward.judge.devices=['1']"), 2)
+    assert lines[2:] == [
+        "[placement] partial steps: rollout on cuda:0 (merge_rollout) beside the judge on "
+        "cuda:1, then training on every GPU with the judge's weights kept there "
+        "(placement.partial_release_judge frees them)"
+    ]
+    flag = "placement.partial_release_judge=true"
+    lines = device_lines(cfg(*merged, flag, "reward.judge.devices=['1']"), 2)
+    assert lines[2].endswith("with the judge asleep (placement.partial_release_judge)")
+    lines = device_lines(cfg(*merged, "reward.judge.devices=['0']"), 2)  # the generating one
+    assert len(lines) == 3 and "time-slice" in lines[2]
     # colocate takes turns by design: nothing to note
     assert len(device_lines(cfg(*JUDGE, *two, "placement.mode=colocate"), 2)) == 2
     # round robin over the sets, several GPUs per server

@@ -43,7 +43,9 @@ def restore_affinity():
     torch.set_num_threads(threads)
 
 
-def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3, calls=None) -> list:
+def run_mode(
+    tmp: Path, models, url: str, mode: str, steps: int = 3, calls=None, extra=(), metrics=None
+) -> list:
     cfg = load_config(
         None,
         [
@@ -72,11 +74,12 @@ def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3, calls=None)
             # auto: warm-up and profiling in colocate, then partial (its default starts in
             # shared), so its steps run the pinned modes too
             *(["placement.profile_all_modes=true"] if mode == "auto" else []),
+            *extra,
         ],
     )
     ctl = Controller(
         cfg,
-        tmp / mode,
+        tmp / (mode + ("_" + "_".join(extra) if extra else "")),
         Dist(),
         policy=builders.build_policy(cfg.model),
         reward=builders.build_reward(cfg.reward),
@@ -90,6 +93,8 @@ def run_mode(tmp: Path, models, url: str, mode: str, steps: int = 3, calls=None)
         out.append((list(r.outputs), r.rewards.clone(), m.get("placement/mode", "shared")))
         if calls is not None:
             calls.append(m.get("placement/judge_calls"))
+        if metrics is not None:
+            metrics.append(m)
     return out
 
 
@@ -118,6 +123,31 @@ def test_same_seeds_same_rewards_in_every_mode(tmp_path, models, restore_affinit
 
 
 MODES = ("shared", "colocate", "partial", "auto")
+
+
+def test_partial_release_judge_sleeps_through_training_with_the_same_rewards(
+    tmp_path, models, restore_affinity
+):
+    """placement.partial_release_judge: after every controller holds its rewards the judge
+    drops its weights for training and reloads them when the next partial step starts;
+    the samples and rewards are those of plain partial."""
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    with JudgeServer(str(models["judge"])).start() as server:
+        plain = run_mode(tmp_path, models, server.url, "partial")
+        before = dict(server.stats)
+        rows: list[dict] = []
+        flag = ["placement.partial_release_judge=true"]
+        released = run_mode(tmp_path, models, server.url, "partial", extra=flag, metrics=rows)
+        after = dict(server.stats)
+    assert before["sleeps"] == 0 and before["reloads"] == 0  # plain partial keeps them
+    for (out_a, rew_a, _), (out_b, rew_b, mode) in zip(plain, released):
+        assert out_a == out_b and mode == "partial"
+        torch.testing.assert_close(rew_a, rew_b, rtol=0, atol=1e-5)
+    # 3 steps: released after each, reloaded at the start of the 2nd and 3rd
+    assert after["sleeps"] == 3 and after["reloads"] == 2, after
+    assert all(r["timing/judge_release_s"] > 0 for r in rows)
+    assert [r["placement/judge_reload_s"] > 0 for r in rows] == [False, True, True]
 
 
 def _rows(run: Path) -> dict[int, dict]:

@@ -45,8 +45,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from mmyatt.placement.bench_figures import (
     DRIFTING,
     MODES,
@@ -233,16 +231,6 @@ WORKLOADS = (
     "judge_memory",
 )
 
-# judge_memory: a judge whose weights outweigh the noise of the processes' memory
-# (~25 M parameters, ~100 MB in float32; random init, built here from a config)
-BIG = dict(
-    hidden_size=512,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    intermediate_size=1536,
-)
-
 
 def _models(tmp: Path) -> tuple[Path, Path]:
     """The bench's policy and judge: two qwen2-1m models (random init, seeds 0 and 1) built
@@ -262,85 +250,6 @@ def probe_argv(argv: list[str], steps: int, rounds: int, out: str) -> tuple[int,
         int(argv[1]) if len(argv) > 1 else rounds,
         argv[2] if len(argv) > 2 else out,
     )
-
-
-def _big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
-    """A qwen2-1m model's tokenizer with a ``BIG``-sized seeded Qwen2 model in place of
-    its weights. Returns the directory and the parameter count."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from mmyatt.models.tiny import build_tiny_text_model
-
-    out = build_tiny_text_model(out_dir, size="qwen2-1m", corpus=CORPUS, seed=seed)
-    d = Qwen2Config.from_pretrained(out).to_dict()
-    for k in ("layer_types", "head_dim", "architectures", "transformers_version"):
-        d.pop(k, None)  # derived from the sizes; rebuilt by the constructor
-    config = Qwen2Config(**{**d, **BIG})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig.from_pretrained(out)
-    model.save_pretrained(str(out), safe_serialization=True)
-    return out, sum(p.numel() for p in model.parameters())
-
-
-def _memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict:
-    """colocate (judge weights dropped outside its phase, reloaded for it) and partial
-    (judge resident next to rollout and training) with the big judge, side by side, for
-    the qwen2-1m policy and for a policy of the judge's size (whose training phase,
-    gradients and activations, is where the controllers' memory peaks): peak RSS summed
-    over the 2 controllers and the judge, per phase, the reload cost and the step time,
-    ``rounds`` times in alternating order; the ratios come with their per-round spread."""
-    judge, params = _big_model(tmp / "judge_big", seed=1)
-    big_policy, _ = _big_model(tmp / "policy_big", seed=0)
-    small = [
-        "data.prompts_per_step=4",
-        "sampling.group_size=4",  # 16 samples per controller: the big judge stays cheap
-        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        "kwargs: {mode: score, template: score_text_1_10, max_tokens: 2}}]",
-        f"reward.judge.model={judge}",
-        "reward.judge.max_batch=64",
-    ]
-    out: dict = {
-        "judge": f"Qwen2 {BIG} (random init), score mode, 2 greedy tokens per sample",
-        "judge_params": params,
-        "judge_weights_mb": params * 4 / 2**20,
-        "samples_per_step": 2 * 4 * 4,
-        "rounds": rounds,
-        "colocate_judge_threads": COLOCATE_JUDGE_THREADS,
-    }
-    policies = {"policy_qwen2_1m": [], "policy_25m": [f"model.path={big_policy}"]}
-    modes = {"colocate": ["placement.mode=colocate"], "partial": ["placement.mode=partial"]}
-    if torch.cuda.is_available():  # the policy off the device in colocate's judge phase too
-        modes["colocate_offload"] = ["placement.mode=colocate", "placement.offload_policy=true"]
-    for name, pol in policies.items():
-        per_round: dict[str, list] = {m: [] for m in modes}
-        names = list(modes)
-        for k in range(rounds):
-            for mode in names[k % len(names) :] + names[: k % len(names)]:
-                over = base + modes[mode] + small + pol
-                arm = _arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
-                per_round[mode].append(arm)
-                print(
-                    f"[bench] placement judge_memory {name} round {k + 1} {mode}: peak "
-                    f"{arm['peak_rss_mb']:.0f} MB, {arm['step_s']:.3f} s/step",
-                    flush=True,
-                )
-        arms = _combine(per_round, "judge_memory")
-        c, p = arms["colocate"], arms["partial"]
-        arms["colocate_minus_partial_peak_rss_mb"] = c["peak_rss_mb"] - p["peak_rss_mb"]
-        arms["colocate_over_partial_peak_rss"] = c["peak_rss_mb"] / p["peak_rss_mb"]
-        arms["colocate_over_partial_peak_rss_rounds"] = paired_ratio(
-            c["peak_rss_mb_per_round"], p["peak_rss_mb_per_round"]
-        )
-        arms["partial_over_colocate_step_s"] = p["step_s"] / c["step_s"]
-        arms["partial_over_colocate_step_s_rounds"] = paired_ratio(
-            p["step_s_per_round"], c["step_s_per_round"]
-        )
-        out[name] = arms
-    out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    return out
 
 
 def _arm_rounds(
@@ -507,7 +416,9 @@ def bench_placement(
                 _save(out, progress)
                 continue
             if wl == "judge_memory":
-                out["judge_memory"] = _memory_arms(tmp, base, steps, rounds)
+                from mmyatt.placement.bench_memory import memory_arms
+
+                out["judge_memory"] = memory_arms(tmp, base, steps, rounds)
                 _save(out, progress)
                 continue
             if wl == "balance":

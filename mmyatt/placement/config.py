@@ -105,6 +105,13 @@ def make_plan(mode: str, cores: tuple[int, ...], rollout: int = 0, judge: int = 
     return CorePlan(mode, cores, cores, cores, cores)
 
 
+def releases_judge(p: PlacementConfig) -> bool:
+    """Whether the run's steps may drop the judge's weights (colocate's phases, or partial
+    ones with ``partial_release_judge``): its servers then settle before they serve."""
+    colocates = p.mode in ("colocate", "auto") and p.release_judge
+    return colocates or (p.mode in ("partial", "auto") and p.partial_release_judge)
+
+
 def plan_for(cfg: RunConfig, available: list[int] | None = None) -> CorePlan | None:
     """The static plan of a run (None for shared; auto's starting plan is colocate)."""
     p = cfg.placement
@@ -185,6 +192,11 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
                 "moving a sharded policy off the device is not implemented (issue 14); it "
                 "moves a whole module (train.backend=replica)"
             )
+    if p.partial_release_judge and p.mode not in ("partial", "auto"):
+        raise _error(
+            f"placement.partial_release_judge=true drops the judge's weights while partial "
+            f"steps train, and placement.mode={p.mode} has none: use partial or auto"
+        )
     if p.mode == "shared":
         if p.cores or p.rollout_cores or p.judge_cores:
             raise _error(
@@ -195,6 +207,11 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
     cores = run_cores(p, available)
     judge = cfg.reward.judge
     uses_judge = any(f.name == "genrm" for f in cfg.reward.functions)
+    if p.partial_release_judge and not uses_judge:
+        raise _error(
+            "placement.partial_release_judge=true, but no reward.functions entry is genrm: "
+            "there is no judge to release"
+        )
     if p.mode in ("partial", "auto") and uses_judge and judge.model is None:
         raise _error(
             f"placement.mode={p.mode} pins the judge to its cores, so the judge must be "

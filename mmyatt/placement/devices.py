@@ -9,10 +9,11 @@ GPU and loads on the first, controller 0's.
 ``check_judge_devices`` fails before the run prepares anything when that mapping cannot
 work: an id that is not a GPU id, a GPU this machine does not have, ids on a machine
 with no CUDA device (the server would hide every GPU and quietly load on the CPU), more
-devices than servers to use them. ``device_lines`` says where each role runs, and when
-partial (or auto) places the judge on a controller's GPU: then rollout and the judge
-time-slice that device rather than split the machine (docs/placement.md, "On a GPU
-machine").
+devices than servers to use them. ``device_lines`` says where each role runs, and what
+partial (or auto) does where the judge sits on a controller's GPU: rollout and the judge
+time-slice it when that controller generates; with ``placement.merge_rollout`` only the
+first controller generates, so a judge on another controller's GPU runs beside rollout
+and training then takes that GPU too (docs/placement.md, "On a GPU machine").
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def device_lines(cfg: RunConfig, count: int | None = None) -> list[str]:
     ctl = controller_devices(cfg, n)
     if not ctl:
         return []
-    lines = [f"[placement] controllers (rollout, train) on {', '.join(f'cuda:{d}' for d in ctl)}"]
+    lines = [f"[placement] controllers (rollout, train) on {_names(ctl)}"]
     j = cfg.reward.judge
     if j.model is None:
         return lines
@@ -108,11 +109,29 @@ def device_lines(cfg: RunConfig, count: int | None = None) -> list[str]:
     servers = [sets[i % len(sets)] for i in range(j.num_servers)]
     where = ", ".join(f"{i}: {'+'.join(f'cuda:{d}' for d in s)}" for i, s in enumerate(servers))
     lines.append(f"[placement] judge servers on {where}")
-    shared = sorted({d for s in servers for d in s} & set(ctl))
-    if cfg.placement.mode in ("partial", "auto") and shared:
+    p = cfg.placement
+    shared = {d for s in servers for d in s} & set(ctl)
+    if p.mode not in ("partial", "auto") or not shared:
+        return lines
+    gen = set(ctl[:1] if p.merge_rollout else ctl)  # merged: only the first generates
+    if sliced := sorted(shared & gen):
         lines.append(
-            f"[placement] the judge shares {', '.join(f'cuda:{d}' for d in shared)} with the "
-            "controllers: in partial steps rollout and the judge time-slice it; give the "
-            "judge GPUs of its own (reward.judge.devices) to overlap them"
+            f"[placement] the judge shares {_names(sliced)} with generating controllers: in "
+            "partial steps rollout and the judge time-slice it; give the judge GPUs of its "
+            "own (reward.judge.devices) to overlap them"
+        )
+    if apart := sorted(shared - gen):
+        asleep = (
+            "the judge asleep (placement.partial_release_judge)"
+            if p.partial_release_judge
+            else "the judge's weights kept there (placement.partial_release_judge frees them)"
+        )
+        lines.append(
+            f"[placement] partial steps: rollout on {_names(sorted(gen))} (merge_rollout) "
+            f"beside the judge on {_names(apart)}, then training on every GPU with {asleep}"
         )
     return lines
+
+
+def _names(ids) -> str:
+    return ", ".join(f"cuda:{d}" for d in ids)

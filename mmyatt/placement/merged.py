@@ -68,4 +68,4 @@ def partial_merged(pl, ctl, n, sampling, timer, plan: CorePlan, judge):
         pl._acc["wait_s"] += time.perf_counter() - t0
     pl._agree(ctl, error if first else None)
     r, scored, verdicts = mine
-    return pl._scored(ctl, r, scored, verdicts, plan)
+    return pl._scored(ctl, r, scored, verdicts, plan, timer)

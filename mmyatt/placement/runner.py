@@ -13,7 +13,8 @@ the update. Per mode:
   judge cores; each sample (each prompt group, for rewards that compare a group's
   samples) goes to the judge as it finishes (a background thread sends it), so judging
   overlaps generation; training then takes every core. The judge keeps its weights (on
-  CPU an idle judge uses no core).
+  CPU an idle judge uses no core), or with ``placement.partial_release_judge`` drops them
+  while training runs and reloads them when the next partial step starts.
 - auto: one of the above per step, chosen by ``AutoPlacer`` from measured costs.
 
 Every mode scores the same samples with the same seeds: generation is seeded per prompt
@@ -338,7 +339,8 @@ class Placement:
             # was moved to 1 core and 1 thread made its next model calls 8x slower (1.04 s
             # against 0.13 s in the first partial step after colocate, drifting bench)
             self._place_judge(plan.judge, len(plan.judge))
-            self.judges.wake()  # a no-op unless colocate (under auto) dropped the weights
+            with timer("judge_reload"):  # a no-op unless colocate or partial_release_judge
+                self.judges.wake()  # dropped the weights
         res.use_cores(plan.rollout, sharers=P)
 
         def judge(outputs, records, ids):
@@ -378,7 +380,7 @@ class Placement:
         self._acc["chunks"] += len(results)
         self._agree(ctl, error)
         scored, verdicts = in_row_order(results)
-        return self._scored(ctl, r, scored, verdicts, plan)
+        return self._scored(ctl, r, scored, verdicts, plan, timer)
 
     def _agree(self, ctl, error) -> None:
         """Every controller raises if any one's judge calls failed (a collective)."""
@@ -388,11 +390,19 @@ class Placement:
             raise error
         ctl.agree_on_judge_error(error)
 
-    def _scored(self, ctl, r, scored, verdicts, plan: CorePlan):
+    def _scored(self, ctl, r, scored, verdicts, plan: CorePlan, timer):
         r = ctl.score(r, scored=scored)
         if verdicts and hasattr(r, "verdicts"):
             r.verdicts = verdicts
         self._phase_end("generate")
+        if self.cfg.placement.partial_release_judge and self.has_judge:
+            with timer("wait"):  # every controller holds its rewards: the judge may sleep
+                t0 = time.perf_counter()
+                self.dist.barrier()
+                self._acc["wait_s"] += time.perf_counter() - t0
+            if self.judges is not None:  # training takes its memory too (on a GPU, its device)
+                with timer("judge_release"):
+                    self.judges.sleep()
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
