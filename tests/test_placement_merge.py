@@ -2,7 +2,8 @@
 controller's prompt groups in one batch and streams them to the judge; each controller
 gets back exactly the samples and rewards it would have generated itself. Checked here:
 the settings it cannot run with fail before start, naming why; and two controllers with
-a judge give the same samples and rewards, rank by rank, merged or not."""
+a judge give the same samples and rewards, rank by rank, merged or not, with the judge
+released for training (placement.partial_release_judge) or not."""
 
 from __future__ import annotations
 
@@ -82,16 +83,25 @@ def test_two_controllers_get_their_own_samples_and_rewards_merged_or_not(tmp_pat
         "sampling.stop=[e, t, s, o, a]",  # varied lengths: samples finish at different steps
     ]
     runs = {}
-    for name, extra in (("each", []), ("merged", ["placement.merge_rollout=true"])):
+    merge, release = "placement.merge_rollout=true", "placement.partial_release_judge=true"
+    arms = {"each": [], "merged": [merge], "each_release": [release]}
+    arms["merged_release"] = [merge, release]  # the GPU layout of docs/placement.md, on cores
+    for name, extra in arms.items():
         runs[name] = tmp_path / name
         mmyatt(tmp_path, "train", cfg, *args, *extra, "--run-dir", str(runs[name]))
     for rank in (0, 1):
-        a, b = _samples(runs["each"], rank), _samples(runs["merged"], rank)
-        assert len(a) == len(b) == 3 * 4 // 2 * 4  # 3 steps x 2 groups x 4 samples
-        for x, y in zip(a, b):
-            # the judge's answers move in the last bits with how its server batches them
-            assert abs(x.pop("reward") - y.pop("reward")) < 1e-5, (rank, x, y)
-            assert x == y, rank
+        for other in ("merged", "each_release", "merged_release"):
+            a, b = _samples(runs["each"], rank), _samples(runs[other], rank)
+            assert len(a) == len(b) == 3 * 4 // 2 * 4  # 3 steps x 2 groups x 4 samples
+            for x, y in zip(a, b):
+                # the judge's answers move in the last bits with how its server batches them
+                assert abs(x.pop("reward") - y.pop("reward")) < 1e-5, (other, rank, x, y)
+                assert x == y, (other, rank)
+    for name in ("each_release", "merged_release"):  # asleep through each step's training
+        rows = [json.loads(x) for x in (runs[name] / "metrics.jsonl").open()]
+        steps = [r for r in rows if "placement/mode" in r]
+        assert all(r["timing/judge_release_s"] > 0 for r in steps), name
+        assert [r["placement/judge_reload_s"] > 0 for r in steps] == [False, True, True], name
     assert {r["output"] for r in _samples(runs["merged"], 1)} != {""}
     assert len({r["reward"] for r in _samples(runs["merged"], 1)}) > 1  # not all alike
     for name, merged in (("each", 0.0), ("merged", 1.0)):
