@@ -150,6 +150,31 @@ def test_partial_release_judge_sleeps_through_training_with_the_same_rewards(
     assert [r["placement/judge_reload_s"] > 0 for r in rows] == [False, True, True]
 
 
+def test_auto_wakes_a_judge_partial_released_whatever_it_runs_next(
+    tmp_path, models, restore_affinity
+):
+    """Under auto a partial step with partial_release_judge leaves the judge asleep; the
+    plan after it (any mode, as measured) must wake it before scoring: every step's
+    rewards are shared mode's."""
+    from mmyatt.rewards.judge_server import JudgeServer
+
+    with JudgeServer(str(models["judge"])).start() as server:
+        ref = run_mode(tmp_path, models, server.url, "shared", steps=6)
+        flag = ["placement.partial_release_judge=true", "placement.reevaluate_every=1"]
+        got = run_mode(tmp_path, models, server.url, "auto", steps=6, extra=flag)
+        stats = dict(server.stats)
+    for (out_a, rew_a, _), (out_b, rew_b, _) in zip(ref, got):
+        assert out_a == out_b
+        torch.testing.assert_close(rew_a, rew_b, rtol=0, atol=1e-5)
+    modes = [m for *_, m in got]
+    assert modes[:3] == ["colocate", "colocate", "partial"], modes  # profile_all_modes
+    # colocate reloads in every step (it drops the judge first); any other step reloads
+    # when the step before left the judge asleep (colocate, or partial with the release)
+    prev = [None, *modes[:-1]]
+    expect = sum(m == "colocate" or p in ("colocate", "partial") for m, p in zip(modes, prev))
+    assert stats["reloads"] == expect, (modes, stats)
+
+
 def _rows(run: Path) -> dict[int, dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     skip = ("timing/", "throughput/", "placement/", "memory/", "train/minutes")
