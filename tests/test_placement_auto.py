@@ -4,6 +4,8 @@ two steps and followed at once from the scaled model (every figure hand-worked).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mmyatt.placement.auto import AutoPlacer, CostModel, Measure, pipeline
@@ -70,6 +72,30 @@ def test_cost_model_point_and_optimistic_predictions():
     m2.observe(_measure("partial", 1, 1, gen=4.0, judge=0.9))
     assert m2.judge_time(1, "shared") == pytest.approx(0.9)
     assert m2.judge_time(1, "shared", optimistic=True) == pytest.approx(0.9 * 0.85)
+
+
+def test_partial_pays_the_judge_reload_when_it_sleeps_through_training():
+    """placement.partial_release_judge: partial steps reload the judge before they
+    generate, so its prediction adds the reload, which its own steps also measure."""
+    plain = CostModel(cores=2, has_judge=True, threads_of=threads(colocate=2))
+    slept = CostModel(cores=2, has_judge=True, threads_of=threads(colocate=2), partial_reload=True)
+    for m in (plain, slept):
+        m.observe(_measure("colocate", 2, 2, gen=2.0, judge=0.6, reload=0.3, threads=2))
+    # partial, unmeasured: gen 4 on 1 core, judge 1.2 on 1 thread, one chunk -> 5.2
+    assert plain.predict(PARTIAL) == pytest.approx(5.2 + 1.0)
+    assert slept.predict(PARTIAL) == pytest.approx(0.3 + 5.2 + 1.0)
+    # a partial step's own reload joins the mean; a step that found the judge awake
+    # (reload 0) does not pull it down
+    awake = _measure("partial", 1, 1, gen=4.0, judge=1.2)
+    slept.observe(awake)
+    assert slept.reload == pytest.approx(0.3)
+    m = _measure("partial", 1, 1, gen=4.0, judge=1.2)
+    slept.observe(replace(m, reload_s=0.1, collect_s=m.collect_s + 0.1, step_s=m.step_s + 0.1))
+    assert slept.reload == pytest.approx(0.2)
+    # measured in 2 chunks: pipeline(4, 1.2, 2) = 4.6
+    assert slept.predict(PARTIAL) == pytest.approx(0.2 + 4.6 + 1.0)
+    plain.observe(awake)
+    assert plain.reload == pytest.approx(0.3)  # colocate's only
 
 
 def test_cost_model_scales_an_unmeasured_core_count_by_cores():

@@ -12,7 +12,8 @@ judge per (mode, judge threads), and predicts
   on its configured threads, reward.judge.threads)
 - colocate: gen(C) + reload + judge(t_colocate) + train + rest_colocate (the judge on
   placement.judge_threads, one per core by default)
-- partial on r + j cores: pipeline(gen(r), judge(j), chunks) + train + rest_partial,
+- partial on r + j cores: pipeline(gen(r), judge(j), chunks) [+ reload when the judge
+  sleeps through training, placement.partial_release_judge] + train + rest_partial,
   where the judge scores each finished chunk while the next one is generated:
   pipeline = max(g + J / n, J + g / n) for g = gen(r), J = judge(j), n chunks; samples
   the token budget cuts (a measured share c) are sent when generation ends, so n is at
@@ -118,6 +119,8 @@ class CostModel:
     # partial's judge takes every core once generation is done (placement.widen_judge):
     # the optimistic prediction lets it run cores / judge threads faster then
     widen: bool = False
+    # partial steps reload the judge before generating (placement.partial_release_judge)
+    partial_reload: bool = False
     _suspect: dict = field(default_factory=dict)  # role -> (ratio, key) of a first move
     # resumed with other work (``AutoPlacer.load_state_dict``): the next measurement of
     # each role is its move, with no second one to wait for
@@ -164,7 +167,7 @@ class CostModel:
             d = self._update(self.judge, (m.mode, threads), m.judge_s)
             if d is not None:
                 drifts.append(f"judge x{d:.2f}")
-        if m.mode == "colocate":
+        if m.mode == "colocate" or (m.mode == "partial" and self.partial_reload and m.reload_s):
             self.reload = m.reload_s if self.reload == 0 else 0.5 * (self.reload + m.reload_s)
         fresh = self.train is None or self.work_changed
         self.train = m.train_s if fresh else 0.5 * (self.train + m.train_s)
@@ -228,7 +231,8 @@ class CostModel:
         if not self.has_judge:
             return g
         w = self.cores / max(1, t) if optimistic and self.widen else 1.0
-        return pipeline(g, jt, streamable(self.chunks, self.cut), w)
+        reload = self.reload if self.partial_reload else 0.0
+        return reload + pipeline(g, jt, streamable(self.chunks, self.cut), w)
 
     def threads(self, plan: CorePlan) -> int:
         return self.threads_of(plan) if self.threads_of is not None else len(plan.judge)
@@ -278,6 +282,7 @@ class AutoPlacer:
         judge_threads: Callable[[CorePlan], int] | None = None,
         chunks: int = 1,
         widen: bool = False,
+        partial_reload: bool = False,
         shared_cores: int | None = None,
         work: str = "",
     ):
@@ -305,6 +310,7 @@ class AutoPlacer:
             rollout_of=self.rollout_cores,
             chunks=max(1, chunks),
             widen=widen,
+            partial_reload=partial_reload,
         )
         shared = [p for p in candidates if p.mode == "shared"]
         if profile_all:

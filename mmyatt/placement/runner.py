@@ -120,6 +120,7 @@ class Placement:
                 if self.streams
                 else -(-groups // p.stream_groups),
                 widen=p.widen_judge,
+                partial_reload=p.partial_release_judge and self.has_judge,
                 shared_cores=dist.processes * cfg.trainer.threads,
                 work=work_key(cfg),
             )
