@@ -69,7 +69,7 @@ class JudgeControl:
                 self.can_release = False
                 print(
                     f"[placement] judge {u} cannot release its weights (HTTP {error.code}); "
-                    "colocate keeps them loaded",
+                    "the run keeps them loaded (colocate, partial_release_judge)",
                     file=sys.stderr,
                     flush=True,
                 )
