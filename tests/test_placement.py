@@ -299,3 +299,36 @@ def test_partial_release_judge_needs_partial_steps_and_a_judge():
         check(["placement.mode=partial", "placement.partial_release_judge=true"])
     for mode in ("partial", "auto"):
         check([*JUDGE, f"placement.mode={mode}", "placement.partial_release_judge=true"])
+
+
+def test_a_judge_that_cannot_release_is_reported_once_and_kept_loaded(capsys):
+    """A server without /sleep (e.g. `vllm serve` without its sleep mode): the first
+    release reports it, and later releases and wakes make no call and cost nothing."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from mmyatt.placement.judges import JudgeControl
+
+    paths: list[str] = []
+
+    class NoSleep(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the http.server name)
+            paths.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NoSleep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        control = JudgeControl([f"http://127.0.0.1:{server.server_port}/v1"])
+        assert control.sleep() == 0.0 and control.can_release is False
+        assert control.sleep() == 0.0 and control.wake() == 0.0
+    finally:
+        server.shutdown()
+    assert paths == ["/sleep"]  # one call: the refusal is remembered
+    err = capsys.readouterr().err
+    assert err.count("cannot release its weights (HTTP 404)") == 1
+    assert "the run keeps them loaded (colocate, partial_release_judge)" in err
