@@ -147,7 +147,7 @@ class Controller:
         with timer("advantage"):
             rollout.advantages = self.advantages(rollout)
         # placement.balance: samples re-partitioned over the controllers (token tensors move)
-        train, bal = self.placement.balance(rollout, timer)
+        train, bal = self.placement.balance(rollout, timer, self.policy)
         with timer("logprob"):
             train = self.old_and_reference_logprobs(train)
         with timer("update"):

@@ -48,6 +48,7 @@ from mmyatt.models.text import _eos_ids
 from mmyatt.rollout import Rollout, prompt_id
 
 from .protocol import Sampling, seeded_generator
+from .vlm_features import VLMFeatures, is_encoded
 from .vlm_inputs import MEDIA_KEYS, VLMInputs
 
 logger = logging.getLogger("mmyatt.models.vlm")
@@ -62,7 +63,7 @@ VISION_SPECIAL_TOKENS = (
 )
 
 
-class VLMPolicy(VLMInputs):
+class VLMPolicy(VLMInputs, VLMFeatures):
     """The Policy protocol for a Qwen2-VL / Qwen2.5-VL model, tokenizer and image processor.
 
     ``max_prompt_tokens`` fixes the prompt width P (image/video tokens included); a
@@ -474,6 +475,8 @@ class VLMPolicy(VLMInputs):
         kw: dict[str, Any] = {self._cache_kwarg: cache}
         if keep and self._has_logits_to_keep:
             kw["logits_to_keep"] = keep
+        if media is not None and any(is_encoded(m) for m in media):  # encode_media's features
+            return self._forward_encoded(model, ids, attn, positions, media, kw)
         if media is not None:
             batched = self._batch_media(media, ids.device)
             for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):

@@ -159,8 +159,9 @@ def test_config_checks():
             None, [*odr, "rollout.redraw_carried=true", "rollout.reuse_unused_prompts=false"]
         )
     load_config(None, [*odr, "rollout.redraw_carried=true"])  # carried prompts to redraw
-    with pytest.raises(ConfigError, match="issue 14: balancing VLM steps"):
+    with pytest.raises(ConfigError, match=r"vision tower must be frozen: set model.freeze"):
         load_config(None, ["placement.balance=true", "model.kind=vlm"])
+    load_config(None, ["placement.balance=true", "model.kind=vlm", "model.freeze=[model.visual]"])
 
 
 def test_text_decode_stops_when_the_batch_is_complete(tmp_path):

@@ -18,7 +18,7 @@ from mmyatt.config import load_config
 from mmyatt.controller import Controller
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import free_port, init_from_env, shutdown
-from mmyatt.placement.exchange import assign_parts, concat_padded, group_costs
+from mmyatt.placement.exchange import assign_parts, choose_parts, concat_padded, group_costs
 from mmyatt.rollout import Rollout
 
 
@@ -27,6 +27,16 @@ def test_assign_parts_moves_few_samples():
     owner = [0, 0, 0, 0, 1, 1, 1, 1]
     parts = [[0, 5, 6, 7], [1, 2, 3, 4]]
     assert assign_parts(parts, owner, 2) == [1, 0]
+
+
+def test_a_partition_no_lighter_than_the_ranks_holdings_moves_nothing():
+    # 4 equal groups, 2 per rank: any pairing ties, so each rank keeps its own
+    assert choose_parts([5.0, 5.0, 5.0, 5.0], [0, 0, 1, 1], 2) == [[0, 1], [2, 3]]
+    # rank 0 holds both heavy groups (18 against 2): they split, one heavy per rank
+    parts = choose_parts([9.0, 9.0, 1.0, 1.0], [0, 0, 1, 1], 2)
+    assert sorted(sorted(p)[0] for p in parts) == [0, 1] and all(len(p) == 2 for p in parts)
+    # ranks holding unequal counts are never kept: every rank must get as many groups
+    assert sorted(len(p) for p in choose_parts([1.0, 1.0, 1.0, 5.0], [0, 0, 0, 1], 2)) == [2, 2]
 
 
 def _text_rollout(prompt_width: int, n: int, fill: int) -> Rollout:

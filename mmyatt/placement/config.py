@@ -278,11 +278,11 @@ def check_over_dispatch(cfg: RunConfig) -> None:
             f"rollout.reuse_unused_prompts={ro.reuse_unused_prompts}): set "
             "over_dispatch_ratio > 1 with reuse_unused_prompts=true, or drop redraw_carried"
         )
-    if cfg.placement.balance and cfg.model.kind == "vlm":
+    if cfg.placement.balance and cfg.model.kind == "vlm" and not cfg.model.freeze:
         raise ConfigError(
-            "placement.balance moves only token and latent tensors between controllers, and a "
-            "VLM rollout's context holds media; issue 14: balancing VLM steps is not "
-            "implemented (use model.kind text or flow, or placement.balance=false)"
+            "placement.balance moves a VLM sample's vision features between controllers, "
+            "never its pixels, so the vision tower must be frozen: set model.freeze: "
+            "[model.visual] (or placement.balance=false)"
         )
     if ro.over_dispatch_ratio > 1 and (cfg.model.kind != "text" or ro.backend != "hf"):
         raise ConfigError(

@@ -20,8 +20,10 @@ with an equal-size partition, the same number of groups in each.
 
 Text contexts of different prompt widths are joined by left-padding ``input_ids`` /
 ``attention_mask`` (masked columns: positions come from the mask); action tensors have
-the same width on every rank (the token budget, the denoising schedule). VLM contexts hold media (pixel values): not exchanged
-(issue 14: balancing VLM steps is not implemented).
+the same width on every rank (the token budget, the denoising schedule). A VLM sample
+moves with its vision features, never its pixels: before the exchange every rank runs
+its frozen vision tower once over its own media (``VLMPolicy.encode_media``), and the
+samples train on those features wherever they land.
 """
 
 from __future__ import annotations
@@ -50,13 +52,37 @@ def group_costs(r: Rollout | None, kind: str) -> list[float]:
     attn = r.context.get("attention_mask")
     completion = r.mask.sum(1)
     prompt = attn[:, : attn.shape[1] - r.num_actions].sum(1) if attn is not None else None
+    media = r.context.get("media") if kind == "vlm" else None
     out = []
     for sl in r.group_slices():
         tokens = float(completion[sl].sum()) + (
             float(prompt[sl].max()) if prompt is not None else 0
         )
-        out.append(sample_cost(text_tokens=tokens))
+        # a VLM prompt's placeholder tokens are its vision tokens (one feature row each)
+        vision = float(_vision_rows(media[sl.start])) if media is not None else 0.0
+        out.append(sample_cost(text_tokens=tokens - vision, vision_tokens=vision))
     return out
+
+
+def choose_parts(costs: list[float], owner: list[int], P: int) -> list[list[int]]:
+    """The groups in ``P`` parts (Karmarkar-Karp, equal sizes where the count allows),
+    or as the ranks hold them when that partition's heaviest part is no lighter: a
+    move that balances nothing costs a transfer and buys nothing."""
+    equal = len(costs) % P == 0
+    parts = karmarkar_karp(costs, P, equal_size=equal)
+    held = [[g for g in range(len(costs)) if owner[g] == r] for r in range(P)]
+    even = not equal or len({len(h) for h in held}) == 1
+    if even and _heaviest(costs, parts) >= _heaviest(costs, held) - 1e-9:
+        return held
+    return parts
+
+
+def _heaviest(costs: list[float], parts: list[list[int]]) -> float:
+    return max(sum(costs[g] for g in p) for p in parts)
+
+
+def _vision_rows(m: dict) -> int:
+    return sum(len(m[k]) for k in ("image_embeds", "video_embeds") if m.get(k) is not None)
 
 
 def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
@@ -77,11 +103,6 @@ def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
 
 class Exchange:
     def __init__(self, dist, kind: str):
-        if kind == "vlm":
-            raise NotImplementedError(
-                "issue 14: placement.balance for VLM policies is not implemented (their "
-                "rollout context holds media, which balancing never moves)"
-            )
         self.dist, self.kind = dist, kind
         self.sizes: list[int] | None = None  # samples per minibatch on this rank, after
 
@@ -105,7 +126,7 @@ class Exchange:
                 index += list(range(len(everyone[r][j])))
             for g, c in enumerate(costs):
                 before[owner[g]] += c
-            parts = karmarkar_karp(costs, P, equal_size=len(costs) % P == 0)
+            parts = choose_parts(costs, owner, P)
             rank_of = assign_parts(parts, owner, P)
             mine = []
             for p, items in enumerate(parts):
@@ -177,10 +198,21 @@ class Exchange:
         return got
 
 
+MEDIA = ("pixel_values", "pixel_values_videos")  # what never leaves its controller
+
+
 def _pack(r: Rollout) -> dict:
-    """The tensors a sample trains on (no outputs, records or media)."""
+    """The tensors a sample trains on (no outputs, records or media; a VLM sample's
+    vision features, which ``encode_media`` put in place of its pixels)."""
     ctx = {k: v.cpu() for k, v in r.context.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in r.context.items() if isinstance(v, int | float)}
+    if (media := r.context.get("media")) is not None:
+        if any(m.get(k) is not None for m in media for k in MEDIA):
+            raise RuntimeError(
+                "placement.balance moves vision features, never pixels: encode the "
+                "rollout's media first (VLMPolicy.encode_media)"
+            )
+        ctx["media"] = media  # per-sample dicts; a group's samples share one (sent once)
     out = {
         "prompt_ids": list(r.prompt_ids),
         "actions": r.actions.cpu(),

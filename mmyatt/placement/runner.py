@@ -420,14 +420,18 @@ class Placement:
         self._place_judge(plan.cores, len(plan.cores))
 
     # ------------------------------------------------------------------ balancing
-    def balance(self, r, timer):
+    def balance(self, r, timer, policy=None):
         """placement.balance: this rank's share of the step's samples after the
-        Karmarkar-Karp exchange, and max/mean rank work before and after; else ``r``."""
+        Karmarkar-Karp exchange, and max/mean rank work before and after; else ``r``.
+        A VLM's samples travel with their vision features (``policy.encode_media``)."""
         from mmyatt.batches import minibatches
 
         self._balanced = False
         if self.exchange is None:
             return r, {}
+        if self.cfg.model.kind == "vlm":
+            with timer("encode_media"):  # the frozen vision tower, once per prompt
+                r = policy.encode_media(r)
         with timer("balance"):
             out, stats = self.exchange.balance(minibatches(r, self.cfg.algorithm.minibatches))
         self._balanced = True
