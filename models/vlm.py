@@ -294,6 +294,8 @@ class VLMPolicy(VLMInputs, VLMFeatures):
             temperature=temperature,
             sampling=sampling,
             generators=[seeded_generator(s, device) for s in seeds],
+            complete_groups=sampling.complete_groups,  # over-dispatch: stop when complete
+            must_finish=sampling.must_finish,
         )
         actions, logprobs, mask, stopped = res.actions, res.logprobs, res.mask, res.stopped
         return dict(

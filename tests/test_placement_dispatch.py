@@ -6,6 +6,7 @@ uninterrupted run, and the config checks."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -148,8 +149,17 @@ def test_config_checks():
     odr = ["rollout.over_dispatch_ratio=1.5"]
     with pytest.raises(ConfigError, match="over_dispatch_ratio must be >= 1"):
         load_config(None, ["rollout.over_dispatch_ratio=0.5"])
-    with pytest.raises(ConfigError, match="issue 14: over-dispatch for VLM, flow"):
+    with pytest.raises(ConfigError, match="same denoising steps: there is no long tail"):
         load_config(None, ["rollout.over_dispatch_ratio=1.5", "model.kind=flow"])
+    from mmyatt.config import RunConfig, apply_override, build
+    from mmyatt.placement.config import check_over_dispatch
+
+    tree: dict = {}
+    for o in [*odr, "rollout.backend=vllm"]:  # not load_config: vllm is not installed here
+        apply_override(tree, o)
+    with pytest.raises(ConfigError, match="issue 14: over-dispatch for rollout.backend=vllm"):
+        check_over_dispatch(build(RunConfig, tree))
+    load_config(None, [*odr, "model.kind=vlm"])  # the VLM policy's decode stops too
     with pytest.raises(ConfigError, match="max_carries must be >= 0"):
         load_config(None, ["rollout.max_carries=-1"])
     with pytest.raises(ConfigError, match=r"redraw_carried=true .* carries none .*ratio=1.0"):
@@ -187,6 +197,35 @@ def test_text_decode_stops_when_the_batch_is_complete(tmp_path):
     assert sum(done) >= 2 and not all(done)  # stopped before every group finished
     stop_t = int(cut.mask.sum(1).max())
     assert stop_t == sorted(lens_full.tolist())[1]  # when the second group finished
+    for g in (i for i, ok in enumerate(done) if ok):
+        rows = slice(2 * g, 2 * g + 2)
+        assert cut.outputs[rows] == full.outputs[rows]
+        torch.testing.assert_close(cut.logprobs[rows], full.logprobs[rows])
+
+
+def test_vlm_decode_stops_when_the_batch_is_complete(tmp_path):
+    """The VLM policy honours complete_groups as the text one does: 2 of 4 image prompts
+    complete stops the decode, and the kept groups hold a full decode's samples."""
+    from test_vlm_policy import CORPUS, square
+
+    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.vlm import VLMPolicy
+    from mmyatt.placement.dispatch import complete_groups
+    from mmyatt.protocols import Sampling
+
+    policy = VLMPolicy.load(build_tiny_vlm(tmp_path / "vlm", corpus=CORPUS), max_prompt_tokens=48)
+    colours = ["red", "blue", "green", "yellow"]
+    prompts = [
+        {"prompt": "What colour?", "image": square(c), "_index": i} for i, c in enumerate(colours)
+    ]
+    seeds = [21, 22, 23, 24]
+    base = Sampling(max_new_tokens=16, stop=(" ",))  # completions of 1-15 tokens
+    full = policy.generate(prompts, 2, base, seeds)
+    lens_full = full.mask.sum(1).view(4, 2).amax(1)
+    cut = policy.generate(prompts, 2, replace(base, complete_groups=2), seeds)
+    done = complete_groups(cut, 4, 16)
+    assert sum(done) >= 2 and not all(done)  # stopped before every group finished
+    assert int(cut.mask.sum(1).max()) == sorted(lens_full.tolist())[1]  # the second finished
     for g in (i for i, ok in enumerate(done) if ok):
         rows = slice(2 * g, 2 * g + 2)
         assert cut.outputs[rows] == full.outputs[rows]
@@ -289,3 +328,37 @@ def test_resume_equals_uninterrupted_with_redraw(tmp_path):
         resumed.step()
     assert resumed.consumed == full.consumed
     assert all(torch.equal(a, b) for a, b in zip(_weights(full), _weights(resumed)))
+
+
+def test_a_vlm_run_over_dispatches_and_carries_the_cut_prompts(tmp_path):
+    """`mmyatt train` with the VLM recipe and rollout.over_dispatch_ratio=1.5: prompts are
+    cut short and carried to the next step, as with text."""
+    from test_cli import ROOT, mmyatt
+    from test_recipes import RECIPES, SMALL
+
+    args = [
+        *[a for a in SMALL if not a.startswith("trainer.steps")],
+        *RECIPES["vlm_grpo_image_tiny.yaml"],
+        "sft.enabled=false",
+        "algorithm.dynamic_sampling=false",
+        "trainer.steps=3",
+        "data.prompts_per_step=4",
+        "sampling.group_size=2",
+        "sampling.max_new_tokens=12",
+        "sampling.stop=[' ']",
+        "rollout.over_dispatch_ratio=1.5",
+    ]
+    run = tmp_path / "run"
+    mmyatt(
+        tmp_path,
+        "train",
+        str(ROOT / "configs" / "vlm_grpo_image_tiny.yaml"),
+        *args,
+        "--run-dir",
+        str(run),
+    )
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rollout/dispatched_prompts" in r]
+    assert [r["rollout/dispatched_prompts"] for r in steps] == [6.0] * 3  # ceil(1.5 x 4)
+    assert sum(r["rollout/cut_short_prompts"] for r in steps) > 0, steps
+    assert any(r["rollout/carried_prompts"] > 0 for r in steps)
