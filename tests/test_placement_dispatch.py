@@ -171,7 +171,10 @@ def test_config_checks():
     load_config(None, [*odr, "rollout.redraw_carried=true"])  # carried prompts to redraw
     with pytest.raises(ConfigError, match=r"vision tower must be frozen: set model.freeze"):
         load_config(None, ["placement.balance=true", "model.kind=vlm"])
-    load_config(None, ["placement.balance=true", "model.kind=vlm", "model.freeze=[model.visual]"])
+    vlm = ["placement.balance=true", "model.kind=vlm", "model.freeze=[model.visual]"]
+    load_config(None, vlm)
+    with pytest.raises(ConfigError, match=r"train.backend=fsdp2\) cannot do alone"):
+        load_config(None, [*vlm, "train.backend=fsdp2"])
 
 
 def test_text_decode_stops_when_the_batch_is_complete(tmp_path):

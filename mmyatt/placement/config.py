@@ -278,6 +278,12 @@ def check_over_dispatch(cfg: RunConfig) -> None:
             f"rollout.reuse_unused_prompts={ro.reuse_unused_prompts}): set "
             "over_dispatch_ratio > 1 with reuse_unused_prompts=true, or drop redraw_carried"
         )
+    if cfg.placement.balance and cfg.model.kind == "vlm" and cfg.train.backend != "replica":
+        raise ConfigError(
+            "placement.balance for a VLM runs each controller's vision tower over its own "
+            f"media, which a sharded policy (train.backend={cfg.train.backend}) cannot do "
+            "alone: every rank would have to join each forward; use train.backend=replica"
+        )
     if cfg.placement.balance and cfg.model.kind == "vlm" and not cfg.model.freeze:
         raise ConfigError(
             "placement.balance moves a VLM sample's vision features between controllers, "
