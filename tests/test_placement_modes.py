@@ -187,7 +187,17 @@ def _rows(run: Path) -> dict[int, dict]:
 
 EXTRA = {  # shared mode with over-dispatch (carried prompts in the checkpoint), balancing
     "over_dispatch": ["placement.mode=shared", "rollout.over_dispatch_ratio=1.5"],
-    "balance": ["placement.mode=shared", "placement.balance=true"],
+    # 4 groups per rank with completions of varied lengths: groups of unequal work, so
+    # that balancing moves some (with equal groups, or one or two per rank, no partition
+    # is lighter than the ranks' own holdings, and nothing moves; here step 3 moves 8)
+    "balance": [
+        "placement.mode=shared",
+        "placement.balance=true",
+        "data.prompts_per_step=8",
+        "sampling.group_size=2",
+        "sampling.max_new_tokens=8",
+        "sampling.stop=[e, t, s, o, a]",
+    ],
     # partial with the first controller generating for both
     "merged": ["placement.mode=partial", "placement.merge_rollout=true"],
 }
