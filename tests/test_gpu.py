@@ -97,6 +97,28 @@ def test_policies_really_on_cuda(tmp_path):
     torch.testing.assert_close(lp, r.logprobs.to(lp.device), atol=1e-4, rtol=0)
 
 
+def test_vlm_vision_features_on_the_device_give_the_pixels_log_probs(vlm_dir):
+    """placement.balance for a VLM: encode_media runs the frozen tower on the device, the
+    features come back to the CPU (they travel between controllers), and the forward
+    from them equals the one from pixels, on the device's kernels."""
+    policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=48, device=DEV)
+    for name, p in policy.model.named_parameters():
+        if "visual." in name:
+            p.requires_grad_(False)
+    prompts = [
+        {"prompt": "What colour is the shape?", "image": vlm_tests.square("red")},
+        {"prompt": "Which way does it move?", "video": vlm_tests.moving_frames(4)},
+    ]
+    r = policy.generate(prompts, 2, vlm_tests.Sampling(max_new_tokens=6), [1, 2])
+    e = policy.encode_media(r)
+    feats = [m[k] for m in e.context["media"] for k in ("image_embeds", "video_embeds") if k in m]
+    assert len(feats) == 4 and all(f.device.type == "cpu" for f in feats)
+    with torch.no_grad():
+        lp, le = policy.logprobs(r), policy.logprobs(e)
+    assert le.device.type == DEV
+    torch.testing.assert_close(le, lp, atol=1e-4, rtol=0)
+
+
 class PolicyProbe:
     """Wraps ``builders.build_policy`` in this process: the policies the run builds (the
     controller's last), and a CPU copy of the last one's trainable weights as built."""
