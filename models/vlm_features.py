@@ -24,8 +24,7 @@ class VLMFeatures:
         vision tokens, never media. Needs a frozen vision tower (``model.freeze:
         [model.visual]``): the features are then what every later forward of these
         samples, the reference's included, would compute from the pixels."""
-        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        visual = [n for n in trainable if "visual." in n]
+        visual = [n for n, p in self.model.named_parameters() if p.requires_grad and "visual." in n]
         if visual:
             raise ValueError(
                 "placement.balance moves a VLM sample's vision features between "

@@ -21,14 +21,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from mmyatt.placement.config import _error
+
 if TYPE_CHECKING:
     from mmyatt.config import RunConfig
-
-
-def _error(msg: str):
-    from mmyatt.config import ConfigError
-
-    return ConfigError(msg)
 
 
 def cuda_count() -> int:
