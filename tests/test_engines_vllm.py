@@ -6,7 +6,7 @@ trainer's."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
@@ -119,6 +119,70 @@ class GreedyEngine:
         return outs
 
 
+class SteppedEngine(GreedyEngine):
+    """The stand-in engine with vLLM's step loop (``enqueue``, and ``llm_engine``'s step,
+    has_unfinished_requests, abort_request). Request ``i`` of a call finishes at step
+    ``stops[i]`` with that many tokens, ended by a stop token (or at its budget)."""
+
+    def __init__(self, model, stops):
+        super().__init__(model)
+        self.stops, self.aborted, self.steps = stops, [], 0
+        self.llm_engine = self
+        self._live: dict = {}
+        self._next_id = 0
+
+    @torch.no_grad()
+    def generate(self, requests, params, use_tqdm=False):
+        outs = super().generate(requests, params)
+        for i, (o, p) in enumerate(zip(outs, params)):
+            k = min(self.stops[i], p.max_tokens)
+            reason = "stop" if k < p.max_tokens else "length"
+            c = o.outputs[0]
+            c = SimpleNamespace(
+                token_ids=c.token_ids[:k], logprobs=c.logprobs[:k], finish_reason=reason
+            )
+            o.outputs = [c] * p.n
+        return outs
+
+    def enqueue(self, requests, params, use_tqdm=True):
+        """vLLM's LLM.enqueue: the requests are queued; their ids (counted across calls)."""
+        self.steps, ids = 0, []
+        for i, (req, p) in enumerate(zip(requests, params)):
+            rid = str(self._next_id)  # outputs carry it; the ids returned add a suffix
+            self._next_id += 1
+            self._live[rid] = (i, req, p)
+            ids.append(f"{rid}-{i:08x}")
+        return ids
+
+    def has_unfinished_requests(self):
+        return bool(self._live)
+
+    def step(self):
+        self.steps += 1
+        finished = []
+        for rid, (i, req, p) in list(self._live.items()):
+            if min(self.stops[i], p.max_tokens) == self.steps:
+                out = self._one(i, req, p)
+                out.request_id, out.finished = rid, True
+                finished.append(out)
+                del self._live[rid]
+        return finished
+
+    def _one(self, i, req, p):
+        saved, self.stops = self.stops, {0: self.stops[i]}
+        try:
+            return self.generate([req], [p])[0]
+        finally:
+            self.stops = saved
+
+    def abort_request(self, ids, internal=False):
+        assert internal, "what enqueue returned are internal ids"
+        for rid in ids:
+            rid = rid.split("-")[0]
+            self.aborted.append(rid)
+            self._live.pop(rid, None)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_tiny_text_model(tmp_path_factory.mktemp("tiny"), size="qwen2-0.1m", corpus=CORPUS)
@@ -152,6 +216,71 @@ def test_engine_samples_make_the_adapters_rollout(model_dir):
     assert torch.equal(got.context["is_weight"], w)
     m = v.rollout_stats(got)
     assert 0 < m["rollout/logprob_diff"] < 0.1 and "rollout/weight_sync_s" not in m
+
+
+FOUR = [
+    {"prompt": f"What is {a} + {b}?", "_index": i}
+    for i, (a, b) in enumerate([(3, 4), (12, 5), (7, 7), (1, 9)])
+]
+
+
+def _stepped(model_dir, stops):
+    policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    engine = SteppedEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module(), stops)
+    cfg = RolloutConfig(backend="vllm")
+    return VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), llm=engine), engine
+
+
+def test_over_dispatch_stops_the_engine_once_the_batch_is_complete(model_dir):
+    """complete_groups: the step loop stops once that many requests (prompt groups) have
+    finished and so have the must-finish ones, aborts the others, and returns them cut
+    short; the complete groups equal a full generate's. The dispatcher keeps exactly the
+    complete groups."""
+    from mmyatt.placement.dispatch import OverDispatch, complete_groups
+
+    stops = {0: 5, 1: 2, 2: 9, 3: 3}  # group 2 runs to the 6-token budget
+    s = Sampling(max_new_tokens=6, greedy=True)
+    v, engine = _stepped(model_dir, stops)
+    full = v.generate(FOUR, 2, s, [1, 2, 3, 4])
+    assert engine.aborted == [] and complete_groups(full, 4, 6) == [True] * 4
+    assert full.truncated.tolist() == [False] * 4 + [True] * 2 + [False] * 2
+
+    v, engine = _stepped(model_dir, stops)
+    cut = v.generate(FOUR, 2, replace(s, complete_groups=2), [1, 2, 3, 4])
+    assert engine.steps == 3 and not engine.has_unfinished_requests()
+    assert engine.aborted == ["0", "2"]
+    assert complete_groups(cut, 4, 6) == [False, True, False, True]
+    for g in (1, 3):
+        rows = [2 * g, 2 * g + 1]
+        assert torch.equal(cut.actions[rows], full.actions[rows])
+        assert torch.equal(cut.logprobs[rows], full.logprobs[rows])
+        assert [cut.outputs[i] for i in rows] == [full.outputs[i] for i in rows]
+    assert cut.mask[[0, 1, 4, 5]].sum() == 0 and cut.truncated[[0, 1, 4, 5]].all()
+    assert v.inner.stats["samples_generated"] == 4  # the two groups that finished
+    d = OverDispatch(2.0, shard=None)
+    batch, used = d.select(cut, FOUR, 2, 6)
+    assert [r["_index"] for r in used] == [1, 3]
+    assert torch.equal(batch.actions, cut.actions[[2, 3, 6, 7]])
+
+    v, engine = _stepped(model_dir, stops)  # group 0 must finish: the loop waits for it
+    cut = v.generate(FOUR, 2, replace(s, complete_groups=2, must_finish=(0,)), [1, 2, 3, 4])
+    assert engine.steps == 5 and engine.aborted == ["2"]
+    assert complete_groups(cut, 4, 6) == [True, True, False, True]
+
+
+def test_streaming_reports_each_group_as_its_request_finishes(model_dir):
+    """on_finished (partial's stream to the judge): each group's rows and texts, in the
+    order the engine finishes them, equal to what the returned rollout holds."""
+    seen = []
+    s = Sampling(
+        max_new_tokens=6, greedy=True, on_finished=lambda rows, texts: seen.append((rows, texts))
+    )
+    v, engine = _stepped(model_dir, {0: 5, 1: 2, 2: 9, 3: 3})
+    r = v.generate(FOUR, 2, s, [1, 2, 3, 4])
+    assert [rows for rows, _ in seen] == [[2, 3], [6, 7], [0, 1], [4, 5]]
+    for rows, texts in seen:
+        assert texts == [r.outputs[i] for i in rows]
+    assert engine.aborted == [] and len(r) == 8
 
 
 def test_weights_sync_after_an_update_only(model_dir):
@@ -252,6 +381,51 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     gap = (got.context["engine_logprobs"] - want.logprobs).abs().max()
     print(f"[vllm] after the in-place sync: greedy equal, max |logprob diff| {float(gap):.2e}")
     assert gap < 1e-4
+
+
+@pytest.mark.skipif(not available("vllm"), reason="vllm not installed (see docs/engines.md)")
+def test_real_vllm_over_dispatch_and_streaming_keep_a_full_decodes_samples(vllm_model_dir):
+    """On a real vLLM engine: sampled (seeded) groups with geometric lengths. Stopping
+    once 3 of 6 groups are complete returns those groups exactly as a full generate does
+    and aborts the others; streaming reports every group once, with the texts the
+    rollout holds; a plain generate after both gives the first one's samples again."""
+    from mmyatt.placement.dispatch import complete_groups
+
+    policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
+    v = VLLMRolloutPolicy(
+        policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vllm_model_dir)
+    )
+    six = [{"prompt": f"What is {a} + 4?", "_index": a} for a in range(6)]
+    seeds = [11, 12, 13, 14, 15, 16]
+    s = Sampling(max_new_tokens=24, temperature=1.0, stop=("e", "1"))
+    full = v.generate(six, 2, s, seeds)
+    lengths = full.mask.sum(1).view(6, 2).max(1).values.tolist()
+    print(f"[vllm] longest sample per group: {lengths}")
+    assert len(set(lengths)) > 2, "the groups should differ in length for the test to bite"
+    cut = v.generate(six, 2, replace(s, complete_groups=3), seeds)
+    ok = complete_groups(cut, 6, 24)
+    assert sum(ok) >= 3 and not all(ok), ok
+    for g in range(6):
+        rows = [2 * g, 2 * g + 1]
+        if ok[g]:
+            assert torch.equal(cut.actions[rows], full.actions[rows]), g
+            assert [cut.outputs[i] for i in rows] == [full.outputs[i] for i in rows]
+        else:
+            assert cut.mask[rows].sum() == 0
+    # the groups kept are the first to finish: none cut is shorter than a kept one
+    assert max(lengths[g] for g in range(6) if ok[g]) <= min(
+        lengths[g] for g in range(6) if not ok[g]
+    )
+    seen = []
+    streamed = v.generate(
+        six, 2, replace(s, on_finished=lambda rows, texts: seen.append((rows, texts))), seeds
+    )
+    assert sorted(i for rows, _ in seen for i in rows) == list(range(12))
+    for rows, texts in seen:
+        assert texts == [streamed.outputs[i] for i in rows]
+    again = v.generate(six, 2, s, seeds)
+    assert torch.equal(streamed.actions, full.actions) and torch.equal(again.actions, full.actions)
 
 
 def test_adapter_of_sees_through_every_engine_wrapper(model_dir):

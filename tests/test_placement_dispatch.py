@@ -157,8 +157,7 @@ def test_config_checks():
     tree: dict = {}
     for o in [*odr, "rollout.backend=vllm"]:  # not load_config: vllm is not installed here
         apply_override(tree, o)
-    with pytest.raises(ConfigError, match="issue 14: over-dispatch for rollout.backend=vllm"):
-        check_over_dispatch(build(RunConfig, tree))
+    check_over_dispatch(build(RunConfig, tree))  # the vLLM step loop stops early too
     load_config(None, [*odr, "model.kind=vlm"])  # the VLM policy's decode stops too
     with pytest.raises(ConfigError, match="max_carries must be >= 0"):
         load_config(None, ["rollout.max_carries=-1"])

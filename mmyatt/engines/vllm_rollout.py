@@ -23,6 +23,11 @@ kept tokens), ``rollout/is_weight_mean``, ``rollout/is_weight_max``,
 ``rollout/is_weight_clipped_frac``, and the engine's ``rollout/weight_sync_s``,
 ``rollout/sleep_s``, ``rollout/wake_s``.
 
+Over-dispatch (``rollout.over_dispatch_ratio``: stop once the batch's groups are
+complete, abort the rest) and partial's streaming (each group to the judge as it
+finishes) run the engine's step loop instead of ``generate``
+(:mod:`mmyatt.engines.vllm_steps`).
+
 Text and VLM policies: a VLM's images and video go to the engine as
 ``multi_modal_data`` with the prompt's expanded token ids (:mod:`mmyatt.engines.vllm_vlm`).
 """
@@ -34,6 +39,7 @@ import time
 import torch
 from torch import Tensor
 
+from mmyatt.engines.vllm_steps import stepped_generate
 from mmyatt.rollout import Rollout
 
 IS_KEYS = ("is_abs_diff_sum", "is_weight_sum", "is_clipped_sum")
@@ -231,21 +237,33 @@ class VLLMRolloutPolicy:
             prompt_ids = policy._encode_prompts(prompts)
             requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
         params = self.sampling_params(policy, sampling, group_size, seeds)
-        outs = llm.generate(requests, params, use_tqdm=False)
+        A = sampling.max_new_tokens
+        if sampling.complete_groups or sampling.on_finished is not None:
+            outs = stepped_generate(
+                llm,
+                requests,
+                params,
+                complete_groups=sampling.complete_groups,
+                must_finish=sampling.must_finish,
+                on_group=self._reporter(policy, sampling, group_size),
+            )
+        else:
+            outs = llm.generate(requests, params, use_tqdm=False)
         samples = []
         for i, out in enumerate(outs):
+            if out is None:  # aborted (over-dispatch): cut short, carried to the next step
+                samples += [([], [], False)] * group_size
+                continue
             if vlm:
                 check_prompt_ids(getattr(out, "prompt_token_ids", None), prompt_ids[i], i)
             for c in out.outputs:
                 lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs)]
                 samples.append((list(c.token_ids), lps, c.finish_reason == "stop"))
-        r = engine_samples_to_rollout(
-            policy, prompts, prompt_ids, samples, group_size, sampling.max_new_tokens
-        )
+        r = engine_samples_to_rollout(policy, prompts, prompt_ids, samples, group_size, A)
         r.context["temperature"] = float(sampling.temperature) if sampling.temperature > 0 else 1.0
         if vlm:
             attach_media(r, media, group_size)
-        policy.stats["samples_generated"] += len(r)
+        policy.stats["samples_generated"] += sum(o is not None for o in outs) * group_size
         policy.stats["tokens_generated"] += int(r.mask.sum())
         self._correct(r)
         if self._can_sleep():
@@ -256,8 +274,24 @@ class VLLMRolloutPolicy:
         from mmyatt.engines import EnginePolicy
 
         if isinstance(self._inner, EnginePolicy) and len(r) >= 2:
-            self._inner.filler = r.select([0, 1])
+            kept = [i for i in range(len(r)) if r.mask[i].any()][:2]  # not a cut-short row
+            self._inner.filler = r.select(kept if len(kept) == 2 else [0, 1])
         return r
+
+    @staticmethod
+    def _reporter(policy, sampling, group_size: int):
+        """``on_group`` for the step loop: a finished request's samples, as the text the
+        rollout will hold, to ``sampling.on_finished`` (rows of this call)."""
+        if sampling.on_finished is None:
+            return None
+        A = sampling.max_new_tokens
+
+        def report(i: int, out) -> None:
+            tokens = [list(c.token_ids)[:A] for c in out.outputs]
+            texts = policy.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+            sampling.on_finished(list(range(i * group_size, (i + 1) * group_size)), texts)
+
+        return report
 
     def _correct(self, r: Rollout) -> None:
         """Trainer log-probs become the rollout's; TIS weights and sums into the context."""

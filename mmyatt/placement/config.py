@@ -290,15 +290,10 @@ def check_over_dispatch(cfg: RunConfig) -> None:
             "never its pixels, so the vision tower must be frozen: set model.freeze: "
             "[model.visual] (or placement.balance=false)"
         )
-    if ro.over_dispatch_ratio > 1 and (cfg.model.kind == "flow" or ro.backend != "hf"):
-        why = (
-            "a flow model runs every sample through the same denoising steps: there is no "
-            "long tail to cut"
-            if cfg.model.kind == "flow"
-            else f"issue 14: over-dispatch for rollout.backend={ro.backend} is not implemented"
-        )
+    if ro.over_dispatch_ratio > 1 and cfg.model.kind == "flow":
         raise ConfigError(
             f"rollout.over_dispatch_ratio={ro.over_dispatch_ratio} stops decoding once the "
-            "batch's groups are complete, which the hf text and VLM policies do "
-            f"(model.kind={cfg.model.kind}, rollout.backend={ro.backend}); {why}"
+            "batch's groups are complete, which text and VLM policies do (model.kind="
+            f"{cfg.model.kind}); a flow model runs every sample through the same denoising "
+            "steps: there is no long tail to cut"
         )
