@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from mmyatt import builders
-from mmyatt.config import RewardSpec, RunConfig
+from mmyatt.config import ConfigError, RewardSpec, RunConfig
 from mmyatt.protocols import Sampling
 
 
@@ -37,6 +37,14 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     from mmyatt.datasets.manifest import ShardedManifest
 
     s = cfg.sft
+    judged = [f.name for f in cfg.reward.functions if f.name == "genrm"]
+    if s.check is None and judged and not cfg.reward.judge.urls:
+        raise ConfigError(
+            "sft.enabled=true: the warm start runs before the judge servers start "
+            "(reward.judge.model), and its stopping check scores with the run's reward, which "
+            "has a genrm term; set sft.check to a rule reward (e.g. sft.check=numeric_match), "
+            "give reward.judge.urls of running servers, or set sft.enabled=false"
+        )
     torch.manual_seed(cfg.trainer.seed)
     torch.set_num_threads(s.threads)
     model = cfg.model if s.freeze is None else dataclasses.replace(cfg.model, freeze=s.freeze)

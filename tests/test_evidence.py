@@ -138,6 +138,32 @@ def test_sft_freezes_model_freeze_unless_sft_freeze_says_otherwise(
     assert built.value.args[0].freeze == frozen_in_sft
 
 
+def test_sft_with_a_judged_reward_and_no_check_names_sft_check(monkeypatch, tmp_path):
+    """The warm start runs before the run's judge servers start: a genrm reward with no
+    sft.check fails with what to set, before any model is built; with a check it goes on."""
+    from mmyatt import sft
+    from mmyatt.config import ConfigError, load_config
+
+    class Built(Exception):
+        pass
+
+    def capture(model, device=None):
+        raise Built(model)
+
+    monkeypatch.setattr(sft.builders, "build_policy", capture)
+    judged = [
+        "sft.enabled=true",
+        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5}]",
+        "reward.judge.model=/nonexistent/judge",
+    ]
+    cfg = load_config("configs/text_grpo_tiny.yaml", judged)
+    with pytest.raises(ConfigError, match=r"set sft.check to a rule reward"):
+        sft.run_sft(cfg, tmp_path / "out")
+    cfg = load_config("configs/text_grpo_tiny.yaml", [*judged, "sft.check=numeric_match"])
+    with pytest.raises(Built):
+        sft.run_sft(cfg, tmp_path / "out")
+
+
 # --- a run that stopped early says so --------------------------------------------------------
 def _write_run(tmp_path, done: int, planned: int, cut: bool):
     rows = [
