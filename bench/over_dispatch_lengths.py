@@ -4,8 +4,11 @@ in rotated rounds. Per arm: the longest completion a controller trains on per st
 from the rollout log), the mean completion length, and the generation and training
 phases (timing/*, steps 2 on).
 
-    .venv/bin/python bench/over_dispatch_lengths.py [STEPS] [ROUNDS] [OUT]
-    (defaults: 17 2 bench/placement/over_dispatch_lengths.json)
+    .venv/bin/python bench/over_dispatch_lengths.py [STEPS] [ROUNDS] [OUT] [BACKEND]
+    (defaults: 17 2 bench/placement/over_dispatch_lengths.json hf)
+
+BACKEND vllm runs every arm with rollout.backend=vllm: run it with the vLLM venv's python
+(bench/vllm_cpu_venv.sh) and VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0.
 """
 
 import json
@@ -26,7 +29,9 @@ tmp = Path(tempfile.mkdtemp(prefix="mmyatt-od-lengths-"))
 policy, _ = B._models(tmp)
 long_tail = ["sampling.max_new_tokens=96", 'sampling.stop=["e"]']
 log = ["trainer.save_rollouts_every=1", "trainer.rollouts_per_step=1000"]
+backend = sys.argv[4] if len(sys.argv) > 4 else "hf"
 base = B._base(policy, steps) + long_tail + [*B.RULE, "placement.mode=shared", *log]
+base.append(f"rollout.backend={backend}")
 arms = {
     "1.0": ["rollout.over_dispatch_ratio=1.0"],
     "1.5": ["rollout.over_dispatch_ratio=1.5"],
@@ -51,7 +56,8 @@ for k in range(rounds):
         res.setdefault(n, []).append(got)
         print(k, n, {x: round(v, 3) for x, v in got.items()}, flush=True)
 out: dict = {
-    "command": f".venv/bin/python bench/over_dispatch_lengths.py {steps} {rounds}",
+    "command": f"python bench/over_dispatch_lengths.py {steps} {rounds} {dest} {backend}",
+    "rollout_backend": backend,
     "split": "train (synthetic arithmetic prompts)",
     "settings": long_tail,
 }

@@ -1,0 +1,70 @@
+"""One judge server with its threads against two servers of one thread each
+(``reward.judge.num_servers``), in shared, colocate and partial, on the placement bench's
+judge-heavy settings (2 controllers, 2 cores, 16-token judge): 3 rotated rounds x 20
+measured steps. Writes bench/placement/judge_servers.json.
+
+    .venv/bin/python bench/placement_judge_servers.py
+
+Every arm keeps the bench's other settings (colocate's judge on one thread per core, as
+in the figures of record). Two servers split each judge call between them, one thread
+each; in partial both sit on the judge's core until generation ends.
+"""
+
+import json
+import math
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from mmyatt.placement import bench as B
+
+tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-servers-"))
+policy, judge = B._models(tmp)
+base = B._base(policy, 21) + B._judge(judge)
+arms = {
+    f"{mode}_{n}server": [f"placement.mode={mode}", f"reward.judge.num_servers={n}"]
+    for mode in ("shared", "colocate", "partial")
+    for n in (1, 2)
+}
+names = list(arms)
+res: dict[str, list] = {}
+for k in range(3):
+    for n in names[k % len(names) :] + names[: k % len(names)]:
+        a = B._arm(tmp, f"{n}_{k}", base + arms[n], 21)
+        res.setdefault(n, []).append(a)
+        print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
+
+
+def gmean(xs):
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+out = {
+    n: {
+        "step_s_per_round": [a["step_s"] for a in v],
+        "step_s": statistics.fmean(a["step_s"] for a in v),
+        "rollout_s": statistics.fmean(a["rollout_s"] for a in v),
+        "arms": v,
+    }
+    for n, v in res.items()
+}
+ratios = {}
+for mode in ("shared", "colocate", "partial"):  # two servers over one, per mode
+    per = [
+        a["step_s"] / b["step_s"] for a, b in zip(res[f"{mode}_2server"], res[f"{mode}_1server"])
+    ]
+    ratios[f"{mode}_2servers_over_1server"] = {"per_round": per, "geo_mean": gmean(per)}
+for n in (1, 2):  # the modes against each other at each server count
+    for a, b in (("partial", "colocate"), ("shared", "colocate")):
+        per = [
+            x["step_s"] / y["step_s"] for x, y in zip(res[f"{a}_{n}server"], res[f"{b}_{n}server"])
+        ]
+        ratios[f"{a}_over_{b}_{n}server"] = {"per_round": per, "geo_mean": gmean(per)}
+out["ratios"] = ratios
+out["split"] = "train (synthetic prompts)"
+out["command"] = ".venv/bin/python bench/placement_judge_servers.py"
+Path("bench/placement/judge_servers.json").write_text(json.dumps(out, indent=2) + "\n")
+for k, v in ratios.items():
+    print(k, round(v["geo_mean"], 3), [round(x, 3) for x in v["per_round"]])
+shutil.rmtree(tmp, ignore_errors=True)
