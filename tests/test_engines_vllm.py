@@ -428,6 +428,34 @@ def test_real_vllm_over_dispatch_and_streaming_keep_a_full_decodes_samples(vllm_
     assert torch.equal(streamed.actions, full.actions) and torch.equal(again.actions, full.actions)
 
 
+@pytest.mark.skipif(not available("vllm"), reason="vllm not installed (see docs/engines.md)")
+def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
+    """mmyatt train with vLLM rollouts and over-dispatch, 2 controllers: stopped after
+    step 2 and resumed, it ends with the weights and metrics of a run that never stopped
+    (the carried prompts come back from the checkpoint, the engine draws them again)."""
+    from test_cli import TINY, mmyatt
+    from test_resume import CFG, assert_same_run, train_rows
+
+    args = [
+        *TINY,
+        "model.tiny_size=qwen2-1m",  # head_dim 32: vLLM's CPU attention has no kernel for 16
+        "rollout.backend=vllm",
+        "rollout.over_dispatch_ratio=1.5",
+        "sampling.max_new_tokens=16",
+        'sampling.stop=["e","1"]',
+        "distributed.nproc=2",
+        "checkpoint.save_every=2",
+    ]
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=2", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(parts))
+    assert "continuing at step 3" in out.stdout
+    rows = train_rows(full)
+    assert sum(rows[s]["rollout/cut_short_prompts"] for s in rows) > 0  # it did carry
+    assert_same_run(full, parts)
+
+
 def test_adapter_of_sees_through_every_engine_wrapper(model_dir):
     """The adapter under a vLLM rollout engine, a sharding engine's EnginePolicy, or
     both (what the step profiler instruments and the vLLM engine builds prompts with)."""
