@@ -436,12 +436,19 @@ def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
     from test_cli import TINY, mmyatt
     from test_resume import CFG, assert_same_run, train_rows
 
+    from mmyatt.placement.bench import CORPUS
+
+    # the placement bench's policy: with these stops its lengths are geometric (mean ~10
+    # tokens), so groups finish at different engine steps and some are cut short
+    policy = build_tiny_text_model(tmp_path / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
     args = [
         *TINY,
-        "model.tiny_size=qwen2-1m",  # head_dim 32: vLLM's CPU attention has no kernel for 16
+        f"model.path={policy}",
+        "model.max_prompt_tokens=8",
         "rollout.backend=vllm",
         "rollout.over_dispatch_ratio=1.5",
-        "sampling.max_new_tokens=16",
+        "data.prompts_per_step=8",
+        "sampling.max_new_tokens=48",
         'sampling.stop=["e","1"]',
         "distributed.nproc=2",
         "checkpoint.save_every=2",
@@ -452,7 +459,11 @@ def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
     out = mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(parts))
     assert "continuing at step 3" in out.stdout
     rows = train_rows(full)
-    assert sum(rows[s]["rollout/cut_short_prompts"] for s in rows) > 0  # it did carry
+    print(
+        {s: (r["rollout/cut_short_prompts"], r["rollout/carried_prompts"]) for s, r in rows.items()}
+    )
+    assert sum(r["rollout/cut_short_prompts"] for r in rows.values()) > 0  # the engine aborted
+    assert rows[2]["rollout/carried_prompts"] > 0  # prompts carried across the restart
     assert_same_run(full, parts)
 
 

@@ -14,6 +14,10 @@ from test_cli import ROOT, TINY, mmyatt
 CFG = str(ROOT / "configs" / "text_grpo_tiny.yaml")
 
 
+# the vLLM rollout engine's seconds (weight sync, sleep, wake), also the machine's
+ENGINE_TIMES = ("rollout/weight_sync_s", "rollout/sleep_s", "rollout/wake_s")
+
+
 def train_rows(run: Path) -> dict[int, dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     out = {}
@@ -24,6 +28,7 @@ def train_rows(run: Path) -> dict[int, dict]:
                 for k, v in r.items()
                 # measurements of the machine, not of the run: they differ between runs
                 if not k.startswith(("timing/", "throughput/", "placement/"))
+                and k not in ENGINE_TIMES
             }
     return out
 
