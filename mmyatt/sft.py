@@ -37,7 +37,7 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     from mmyatt.datasets.manifest import ShardedManifest
 
     s = cfg.sft
-    judged = [f.name for f in cfg.reward.functions if f.name == "genrm"]
+    judged = any(f.name == "genrm" for f in cfg.reward.functions)
     if s.check is None and judged and not cfg.reward.judge.urls:
         raise ConfigError(
             "sft.enabled=true: the warm start runs before the judge servers start "
