@@ -283,6 +283,22 @@ def test_streaming_reports_each_group_as_its_request_finishes(model_dir):
     assert engine.aborted == [] and len(r) == 8
 
 
+def test_a_request_the_engine_drops_is_an_error_not_an_empty_group(model_dir):
+    """Streaming with nothing to cut: a request that ends without an output (the engine
+    lost it) fails the call, naming it, instead of coming back as a cut-short group."""
+    v, engine = _stepped(model_dir, {0: 2, 1: 3})
+    step = engine.step
+
+    def lossy():
+        engine._live.pop("1", None)  # request 1 vanishes without an output
+        return step()
+
+    engine.step = lossy
+    s = Sampling(max_new_tokens=6, greedy=True, on_finished=lambda rows, texts: None)
+    with pytest.raises(RuntimeError, match=r"without an output for request\(s\) \[1\] of 2"):
+        v.generate(PROMPTS, 2, s, [1, 2])
+
+
 def test_weights_sync_after_an_update_only(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     engine = GreedyEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module())

@@ -73,4 +73,10 @@ def stepped_generate(
         left = [rid for rid, o in zip(ids, outs, strict=True) if o is None]
         if left:  # by internal id, as LLM aborts what it enqueued (a parent: its samples too)
             engine.abort_request(left, internal=True)
+    lost = [i for i, o in enumerate(outs) if o is None]
+    if lost and not complete_groups:  # nothing was to be cut: the engine dropped them
+        raise RuntimeError(
+            f"rollout.backend=vllm: the engine finished without an output for request(s) "
+            f"{lost} of {len(outs)} (prompt groups in this generate call)"
+        )
     return outs
