@@ -134,15 +134,20 @@ class SteppedEngine(GreedyEngine):
     @torch.no_grad()
     def generate(self, requests, params, use_tqdm=False):
         outs = super().generate(requests, params)
-        for i, (o, p) in enumerate(zip(outs, params)):
-            k = min(self.stops[i], p.max_tokens)
-            reason = "stop" if k < p.max_tokens else "length"
-            c = o.outputs[0]
-            c = SimpleNamespace(
-                token_ids=c.token_ids[:k], logprobs=c.logprobs[:k], finish_reason=reason
-            )
-            o.outputs = [c] * p.n
-        return outs
+        return [self._cut(o, p, self.stops[i]) for i, (o, p) in enumerate(zip(outs, params))]
+
+    @staticmethod
+    def _cut(out, p, stop: int):
+        """``out`` as if its samples ended after ``stop`` tokens (or at the budget)."""
+        k = min(stop, p.max_tokens)
+        c = out.outputs[0]
+        c = SimpleNamespace(
+            token_ids=c.token_ids[:k],
+            logprobs=c.logprobs[:k],
+            finish_reason="stop" if k < p.max_tokens else "length",
+        )
+        out.outputs = [c] * p.n
+        return out
 
     def enqueue(self, requests, params, use_tqdm=True):
         """vLLM's LLM.enqueue: the requests are queued; their ids (counted across calls)."""
@@ -162,18 +167,11 @@ class SteppedEngine(GreedyEngine):
         finished = []
         for rid, (i, req, p) in list(self._live.items()):
             if min(self.stops[i], p.max_tokens) == self.steps:
-                out = self._one(i, req, p)
+                out = self._cut(GreedyEngine.generate(self, [req], [p])[0], p, self.stops[i])
                 out.request_id, out.finished = rid, True
                 finished.append(out)
                 del self._live[rid]
         return finished
-
-    def _one(self, i, req, p):
-        saved, self.stops = self.stops, {0: self.stops[i]}
-        try:
-            return self.generate([req], [p])[0]
-        finally:
-            self.stops = saved
 
     def abort_request(self, ids, internal=False):
         assert internal, "what enqueue returned are internal ids"

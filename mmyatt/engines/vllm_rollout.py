@@ -80,6 +80,12 @@ def is_metrics(r: Rollout, dist) -> dict[str, float]:
     }
 
 
+def completion_texts(policy, tokens: list[list[int]], A: int) -> list[str]:
+    """The completions' text, each cut at the token budget ``A``: a rollout's ``outputs``,
+    and what partial's stream sends the judge before the rollout exists."""
+    return policy.tokenizer.batch_decode([list(t)[:A] for t in tokens], skip_special_tokens=True)
+
+
 def engine_samples_to_rollout(
     policy, prompts: list[dict], prompt_ids: list[list[int]], samples, group_size: int, A: int
 ) -> Rollout:
@@ -105,11 +111,7 @@ def engine_samples_to_rollout(
         logprobs[i, :n] = torch.tensor(lps[:n], dtype=torch.float32)
         mask[i, :n] = 1.0
         stopped[i] = bool(stop)
-    lengths = mask.sum(-1).long().tolist()
-    rows = actions.tolist()
-    outputs = policy.tokenizer.batch_decode(
-        [row[:n] for row, n in zip(rows, lengths)], skip_special_tokens=True
-    )
+    outputs = completion_texts(policy, [tokens for tokens, _, _ in samples], A)
     return Rollout(
         prompt_ids=[
             str(r.get("id", r.get("_index", i))) for i, r in enumerate(prompts) for _ in range(G)
@@ -287,8 +289,7 @@ class VLLMRolloutPolicy:
         A = sampling.max_new_tokens
 
         def report(i: int, out) -> None:
-            tokens = [list(c.token_ids)[:A] for c in out.outputs]
-            texts = policy.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+            texts = completion_texts(policy, [c.token_ids for c in out.outputs], A)
             sampling.on_finished(list(range(i * group_size, (i + 1) * group_size)), texts)
 
         return report
