@@ -11,13 +11,13 @@ each; in partial both sit on the judge's core until generation ends.
 """
 
 import json
-import math
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
+from mmyatt.placement.bench_figures import paired_ratio
 
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-servers-"))
 policy, judge = B._models(tmp)
@@ -36,10 +36,6 @@ for k in range(3):
         print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
 
 
-def gmean(xs):
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
 out = {
     n: {
         "step_s_per_round": [a["step_s"] for a in v],
@@ -49,18 +45,18 @@ out = {
     }
     for n, v in res.items()
 }
+
+
 ratios = {}
 for mode in ("shared", "colocate", "partial"):  # two servers over one, per mode
-    per = [
-        a["step_s"] / b["step_s"] for a, b in zip(res[f"{mode}_2server"], res[f"{mode}_1server"])
-    ]
-    ratios[f"{mode}_2servers_over_1server"] = {"per_round": per, "geo_mean": gmean(per)}
+    ratios[f"{mode}_2servers_over_1server"] = paired_ratio(
+        out[f"{mode}_2server"]["step_s_per_round"], out[f"{mode}_1server"]["step_s_per_round"]
+    )
 for n in (1, 2):  # the modes against each other at each server count
     for a, b in (("partial", "colocate"), ("shared", "colocate")):
-        per = [
-            x["step_s"] / y["step_s"] for x, y in zip(res[f"{a}_{n}server"], res[f"{b}_{n}server"])
-        ]
-        ratios[f"{a}_over_{b}_{n}server"] = {"per_round": per, "geo_mean": gmean(per)}
+        ratios[f"{a}_over_{b}_{n}server"] = paired_ratio(
+            out[f"{a}_{n}server"]["step_s_per_round"], out[f"{b}_{n}server"]["step_s_per_round"]
+        )
 out["ratios"] = ratios
 out["split"] = "train (synthetic prompts)"
 out["command"] = ".venv/bin/python bench/placement_judge_servers.py"

@@ -37,8 +37,9 @@ for round in 1 2 3; do
   done
 done
 "$VENV/bin/python" - "$TMP" "$ROOT/bench/placement/vllm_partial_streaming.json" <<'PY'
-import json, math, statistics as st, sys
+import json, statistics as st, sys
 from pathlib import Path
+from mmyatt.placement.bench_figures import paired_ratio
 t, dest = Path(sys.argv[1]), Path(sys.argv[2])
 keys = ["timing/step_s", "placement/rollout_s", "placement/gen_s", "timing/reward_s",
         "placement/judge_busy_s", "placement/judge_calls"]
@@ -52,9 +53,8 @@ for arm in ("old", "new"):
         per.append({k: st.fmean(x[k] for x in rows) for k in keys})
     out["arms"][arm] = per
 for k in ("timing/step_s", "placement/rollout_s", "timing/reward_s"):
-    rat = [n[k] / o[k] for n, o in zip(out["arms"]["new"], out["arms"]["old"])]
-    out[f"new_over_old_{k.split('/')[1]}"] = {"per_round": rat,
-                                              "geo_mean": math.exp(st.fmean(map(math.log, rat)))}
+    out[f"new_over_old_{k.split('/')[1]}"] = paired_ratio(
+        [a[k] for a in out["arms"]["new"]], [a[k] for a in out["arms"]["old"]])
 dest.write_text(json.dumps(out, indent=1) + "\n")
 print(json.dumps({k: v for k, v in out.items() if k.startswith("new_over")}, indent=1))
 PY
