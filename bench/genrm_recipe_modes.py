@@ -5,12 +5,17 @@ share of core time that no process used in the shared step (placement/idle_frac_
 no placement can take more than that share off a step that keeps its work.
 
     .venv/bin/python bench/genrm_recipe_modes.py [STEPS] [ROUNDS] [OUT] [ARM,ARM,...]
-    (defaults: 9 3 bench/placement/genrm_recipe_modes.json, every arm but the last)
+    (defaults: 9 3 bench/placement/genrm_recipe_modes.json, the first four arms)
 
-The last arm, colocate with its judge threads measured (placement.judge_threads=-1:
+The fifth arm, colocate with its judge threads measured (placement.judge_threads=-1:
 steps 2-3 on both cores, 4-5 on one thread, then the faster), runs when named:
 
     .venv/bin/python bench/genrm_recipe_modes.py 13 3 bench/placement/genrm_recipe_judge_threads.json shared,colocate,colocate_judge_1thread,colocate_judge_measured
+
+Two arms run one judge server per core (reward.judge.num_servers=2, one thread each),
+in shared and in colocate:
+
+    .venv/bin/python bench/genrm_recipe_modes.py 9 4 bench/placement/genrm_recipe_judge_servers.json shared,shared_2servers,colocate_2servers
 """
 
 import json
@@ -34,8 +39,15 @@ arms = {
     "colocate_judge_1thread": ["placement.mode=colocate", "placement.judge_threads=1"],
     "partial": ["placement.mode=partial"],
     "colocate_judge_measured": ["placement.mode=colocate", "placement.judge_threads=-1"],
+    # one judge server per core, each on one thread (each judge call split between them)
+    "shared_2servers": ["placement.mode=shared", "reward.judge.num_servers=2"],
+    "colocate_2servers": [
+        "placement.mode=colocate",
+        "placement.judge_threads=0",
+        "reward.judge.num_servers=2",
+    ],
 }
-chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else list(arms)[:-1]
+chosen = sys.argv[4].split(",") if len(sys.argv) > 4 else list(arms)[:4]
 arms = {n: arms[n] for n in chosen}
 KEYS = (
     "timing/step_s",
