@@ -1,0 +1,66 @@
+"""One controller against two, in colocate and partial, side by side: the placement
+bench's judge_comparable settings (4-token judge, 64 samples a step, 2 cores),
+R rotated rounds of S-step runs (step 1 left out). Writes
+bench/placement/layouts_comparable.json.
+
+    .venv/bin/python bench/placement_layouts.py [STEPS] [ROUNDS]   # defaults: 21 4
+
+With one controller colocate's phases leave a core idle and partial overlaps them; with
+two, data parallelism fills both cores in every phase. This measures which layout gives
+the shorter step, and partial / colocate within each.
+"""
+
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from mmyatt.placement import bench as B
+from mmyatt.placement.bench_figures import paired_ratio
+
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 21
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+tmp = Path(tempfile.mkdtemp(prefix="mmyatt-layouts-"))
+policy, judge = B._models(tmp)
+base = B._base(policy, steps) + B._judge(judge, B.COMPARABLE_JUDGE_TOKENS)
+arms = {
+    f"{mode}_{n}ctl": [f"placement.mode={mode}", f"distributed.nproc={n}"]
+    for n in (2, 1)
+    for mode in ("colocate", "partial")
+}
+names = list(arms)
+res: dict[str, list] = {}
+for k in range(rounds):
+    for n in names[k % len(names) :] + names[: k % len(names)]:
+        a = B._arm(tmp, f"{n}_{k}", base + arms[n], steps)
+        res.setdefault(n, []).append(a)
+        print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
+
+out: dict = {
+    n: {
+        "step_s_per_round": [a["step_s"] for a in v],
+        "step_s": statistics.fmean(a["step_s"] for a in v),
+        "rollout_s": statistics.fmean(a["rollout_s"] for a in v),
+        "arms": v,
+    }
+    for n, v in res.items()
+}
+pairs = {
+    "partial_over_colocate_2ctl": ("partial_2ctl", "colocate_2ctl"),
+    "partial_over_colocate_1ctl": ("partial_1ctl", "colocate_1ctl"),
+    "partial_1ctl_over_colocate_2ctl": ("partial_1ctl", "colocate_2ctl"),
+    "partial_1ctl_over_partial_2ctl": ("partial_1ctl", "partial_2ctl"),
+}
+out["ratios"] = {
+    k: paired_ratio(out[a]["step_s_per_round"], out[b]["step_s_per_round"])
+    for k, (a, b) in pairs.items()
+}
+out["split"] = "train (synthetic prompts)"
+out["steps_per_run"], out["rounds"] = steps, rounds
+out["command"] = " ".join([".venv/bin/python bench/placement_layouts.py", *sys.argv[1:]])
+Path("bench/placement/layouts_comparable.json").write_text(json.dumps(out, indent=2) + "\n")
+for k, v in out["ratios"].items():
+    print(k, round(v["geo_mean"], 3), [round(x, 3) for x in v["ci95"]], flush=True)
+shutil.rmtree(tmp, ignore_errors=True)
