@@ -12,12 +12,11 @@ each; in partial both sit on the judge's core until generation ends.
 
 import json
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
-from mmyatt.placement.bench_figures import paired_ratio
+from mmyatt.placement.bench_figures import arm_rounds, paired_ratio
 
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-servers-"))
 policy, judge = B._models(tmp)
@@ -36,15 +35,7 @@ for k in range(3):
         print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
 
 
-out = {
-    n: {
-        "step_s_per_round": [a["step_s"] for a in v],
-        "step_s": statistics.fmean(a["step_s"] for a in v),
-        "rollout_s": statistics.fmean(a["rollout_s"] for a in v),
-        "arms": v,
-    }
-    for n, v in res.items()
-}
+out: dict = arm_rounds(res)
 
 
 ratios = {}

@@ -12,13 +12,12 @@ the shorter step, and partial / colocate within each.
 
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
-from mmyatt.placement.bench_figures import paired_ratio
+from mmyatt.placement.bench_figures import arm_rounds, paired_ratio
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 21
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -38,15 +37,7 @@ for k in range(rounds):
         res.setdefault(n, []).append(a)
         print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
 
-out: dict = {
-    n: {
-        "step_s_per_round": [a["step_s"] for a in v],
-        "step_s": statistics.fmean(a["step_s"] for a in v),
-        "rollout_s": statistics.fmean(a["rollout_s"] for a in v),
-        "arms": v,
-    }
-    for n, v in res.items()
-}
+out: dict = arm_rounds(res)
 pairs = {
     "partial_over_colocate_2ctl": ("partial_2ctl", "colocate_2ctl"),
     "partial_over_colocate_1ctl": ("partial_1ctl", "colocate_1ctl"),
