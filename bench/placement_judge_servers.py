@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
-from mmyatt.placement.bench_figures import arm_rounds, paired_ratio
+from mmyatt.placement.bench_figures import paired_ratio
 
 tmp = Path(tempfile.mkdtemp(prefix="mmyatt-judge-servers-"))
 policy, judge = B._models(tmp)
@@ -26,27 +26,24 @@ arms = {
     for mode in ("shared", "colocate", "partial")
     for n in (1, 2)
 }
-names = list(arms)
-res: dict[str, list] = {}
-for k in range(3):
-    for n in names[k % len(names) :] + names[: k % len(names)]:
-        a = B._arm(tmp, f"{n}_{k}", base + arms[n], 21)
-        res.setdefault(n, []).append(a)
-        print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
+FIGURES = {"step_s": "timing/step_s", "rollout_s": "placement/rollout_s"}
+runs = B._arm_rounds(tmp, "judge_servers", base, arms, 3, FIGURES)
+out: dict = {"arms": B._arm_means(runs, "step_s"), "runs": runs}
 
 
-out: dict = arm_rounds(res)
+def steps_of(arm: str) -> list[float]:
+    return [r["step_s"] for r in runs[arm]]
 
 
 ratios = {}
 for mode in ("shared", "colocate", "partial"):  # two servers over one, per mode
     ratios[f"{mode}_2servers_over_1server"] = paired_ratio(
-        out[f"{mode}_2server"]["step_s_per_round"], out[f"{mode}_1server"]["step_s_per_round"]
+        steps_of(f"{mode}_2server"), steps_of(f"{mode}_1server")
     )
 for n in (1, 2):  # the modes against each other at each server count
     for a, b in (("partial", "colocate"), ("shared", "colocate")):
         ratios[f"{a}_over_{b}_{n}server"] = paired_ratio(
-            out[f"{a}_{n}server"]["step_s_per_round"], out[f"{b}_{n}server"]["step_s_per_round"]
+            steps_of(f"{a}_{n}server"), steps_of(f"{b}_{n}server")
         )
 out["ratios"] = ratios
 out["split"] = "train (synthetic prompts)"

@@ -17,7 +17,22 @@ import tempfile
 from pathlib import Path
 
 from mmyatt.placement import bench as B
-from mmyatt.placement.bench_figures import arm_rounds, paired_ratio
+from mmyatt.placement.bench_figures import paired_ratio
+
+FIGURES = {
+    "step_s": "timing/step_s",
+    "rollout_s": "placement/rollout_s",
+    "gen_s": "placement/gen_s",
+    "judge_busy_s": "placement/judge_busy_s",
+    "train_s": "placement/train_s",
+    "cpu_util": "placement/cpu_util",
+}
+PAIRS = {
+    "partial_over_colocate_2ctl": ("partial_2ctl", "colocate_2ctl"),
+    "partial_over_colocate_1ctl": ("partial_1ctl", "colocate_1ctl"),
+    "partial_1ctl_over_colocate_2ctl": ("partial_1ctl", "colocate_2ctl"),
+    "partial_1ctl_over_partial_2ctl": ("partial_1ctl", "partial_2ctl"),
+}
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 21
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
@@ -29,29 +44,16 @@ arms = {
     for n in (2, 1)
     for mode in ("colocate", "partial")
 }
-names = list(arms)
-res: dict[str, list] = {}
-for k in range(rounds):
-    for n in names[k % len(names) :] + names[: k % len(names)]:
-        a = B._arm(tmp, f"{n}_{k}", base + arms[n], steps)
-        res.setdefault(n, []).append(a)
-        print(k, n, round(a["step_s"], 3), "rollout_s", round(a["rollout_s"], 3), flush=True)
-
-out: dict = arm_rounds(res)
-pairs = {
-    "partial_over_colocate_2ctl": ("partial_2ctl", "colocate_2ctl"),
-    "partial_over_colocate_1ctl": ("partial_1ctl", "colocate_1ctl"),
-    "partial_1ctl_over_colocate_2ctl": ("partial_1ctl", "colocate_2ctl"),
-    "partial_1ctl_over_partial_2ctl": ("partial_1ctl", "partial_2ctl"),
-}
+runs = B._arm_rounds(tmp, "layouts", base, arms, rounds, FIGURES)
+out: dict = {"arms": B._arm_means(runs, "step_s"), "runs": runs}
 out["ratios"] = {
-    k: paired_ratio(out[a]["step_s_per_round"], out[b]["step_s_per_round"])
-    for k, (a, b) in pairs.items()
+    k: paired_ratio([r["step_s"] for r in runs[a]], [r["step_s"] for r in runs[b]])
+    for k, (a, b) in PAIRS.items()
 }
 out["split"] = "train (synthetic prompts)"
 out["steps_per_run"], out["rounds"] = steps, rounds
 out["command"] = " ".join([".venv/bin/python bench/placement_layouts.py", *sys.argv[1:]])
 Path("bench/placement/layouts_comparable.json").write_text(json.dumps(out, indent=2) + "\n")
 for k, v in out["ratios"].items():
-    print(k, round(v["geo_mean"], 3), [round(x, 3) for x in v["ci95"]], flush=True)
+    print(k, round(v["geo_mean"], 3), [round(x, 3) for x in v["ci95"] or []], flush=True)
 shutil.rmtree(tmp, ignore_errors=True)

@@ -39,6 +39,7 @@ done
 "$VENV/bin/python" - "$TMP" "$ROOT/bench/placement/vllm_partial_streaming.json" <<'PY'
 import json, statistics as st, sys
 from pathlib import Path
+from mmyatt.placement.bench import _rows
 from mmyatt.placement.bench_figures import paired_ratio
 t, dest = Path(sys.argv[1]), Path(sys.argv[2])
 keys = ["timing/step_s", "placement/rollout_s", "placement/gen_s", "timing/reward_s",
@@ -48,8 +49,7 @@ out = {"command": "bash bench/vllm_partial_streaming_ab.sh", "split": "train (sy
 for arm in ("old", "new"):
     per = []
     for r in (1, 2, 3):
-        rows = [json.loads(x) for x in (t / f"{arm}_{r}" / "metrics.jsonl").read_text().splitlines()]
-        rows = [x for x in rows if "timing/step_s" in x and x["step"] >= 2]
+        rows = _rows(t / f"{arm}_{r}", first=2)  # the bench's measured steps
         per.append({k: st.fmean(x[k] for x in rows) for k in keys})
     out["arms"][arm] = per
 for k in ("timing/step_s", "placement/rollout_s", "timing/reward_s"):

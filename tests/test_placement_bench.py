@@ -268,16 +268,16 @@ def test_set_overrides_reach_every_run_and_the_json_names_them(monkeypatch, tmp_
     assert plain["controllers"] == 2 and plain["overrides"] == []
 
 
-def test_arm_rounds_averages_each_arms_rounds_and_keeps_them():
-    from mmyatt.placement.bench_figures import arm_rounds
+def test_arm_means_averages_each_arms_rounds_and_keeps_one_figure_per_round():
+    from mmyatt.placement.bench import _arm_means
 
-    res = {
+    runs = {
         "a": [{"step_s": 1.0, "rollout_s": 0.5}, {"step_s": 2.0, "rollout_s": 0.7}],
-        "b": [{"step_s": 0.5, "rollout_s": 0.25}, {"step_s": 1.5, "rollout_s": 0.35}],
+        "b": [{"step_s": 0.5, "rollout_s": None}, {"step_s": 1.5, "rollout_s": 0.35}],
     }
-    out = arm_rounds(res)
+    out = _arm_means(runs, "step_s")
     assert out["a"]["step_s_per_round"] == [1.0, 2.0]
     assert out["a"]["step_s"] == pytest.approx(1.5)
     assert out["a"]["rollout_s"] == pytest.approx(0.6)
     assert out["b"]["step_s"] == pytest.approx(1.0)
-    assert out["b"]["arms"] is res["b"]
+    assert out["b"]["rollout_s"] == pytest.approx(0.35)  # a round without it is left out

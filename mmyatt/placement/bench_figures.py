@@ -113,21 +113,6 @@ def paired_ratio(num: list[float], den: list[float]) -> dict:
     return out
 
 
-def arm_rounds(res: dict[str, list[dict]]) -> dict[str, dict]:
-    """Arms measured in rounds (``{name: [one arm's figures per round]}``, as the bench's
-    ``_arm`` returns them): each arm's step time per round and averaged over rounds, its
-    mean rollout phase, and the rounds' figures as measured."""
-    return {
-        n: {
-            "step_s_per_round": [a["step_s"] for a in v],
-            "step_s": statistics.fmean(a["step_s"] for a in v),
-            "rollout_s": statistics.fmean(a["rollout_s"] for a in v),
-            "arms": v,
-        }
-        for n, v in res.items()
-    }
-
-
 FIXED = ("shared", "colocate", "partial")
 
 
