@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from test_cli import ROOT, TINY, mmyatt
 from test_recipes import RECIPES, SMALL
+from test_resume import stop_and_resume
 
 from mmyatt.config import ConfigError, load_config
 
@@ -76,11 +77,7 @@ def test_fsdp2_stop_and_resume_equals_uninterrupted(tmp_path):
     """Run-state checkpoints of a sharded run (full state dicts from
     torch.distributed.checkpoint.state_dict) resume bit for bit."""
     args = text_args(tmp_path, "train.backend=fsdp2", "checkpoint.save_every=2")
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", TEXT, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", TEXT, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", TEXT, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, TEXT, *args)
     wa, wb = weights(full), weights(parts)
     assert wa.keys() == wb.keys()
     for k in wa:
@@ -140,11 +137,7 @@ def test_fsdp2_ema_resumes_exactly(tmp_path):
         "train.backend=fsdp2",
     ]
     cfg = str(ROOT / "configs" / recipe)
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, cfg, *args)
 
     def last_shared(run):
         return load_file(str(sorted(run.rglob("shared.safetensors"))[-1]))
@@ -362,11 +355,7 @@ def test_fsdp2_diffusion_nft_resumes_exactly(tmp_path):
     (weights, sampling policy, losses)."""
     cfg = str(ROOT / "configs" / "flow_nft_tiny.yaml")
     args = [*NFT, "checkpoint.save_every=2", "train.backend=fsdp2"]
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, cfg, *args)
     sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
     sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
     assert any(k.startswith("nft_old/") for k in sa) and sa.keys() == sb.keys()

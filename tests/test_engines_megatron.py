@@ -361,12 +361,9 @@ def resumes_exactly(tmp_path, *args) -> dict:
     same exported weights and the same losses, bit for bit. Returns the checkpoint's
     tensors (for the caller's checks of what it holds)."""
     from safetensors.torch import load_file
+    from test_resume import stop_and_resume
 
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, *args)
     sa = load_file(str(sorted(full.rglob("shared.safetensors"))[-1]))
     sb = load_file(str(sorted(parts.rglob("shared.safetensors"))[-1]))
     assert sa.keys() == sb.keys()

@@ -447,8 +447,8 @@ def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
     """mmyatt train with vLLM rollouts and over-dispatch, 2 controllers: stopped after
     step 2 and resumed, it ends with the weights and metrics of a run that never stopped
     (the carried prompts come back from the checkpoint, the engine draws them again)."""
-    from test_cli import TINY, mmyatt
-    from test_resume import CFG, assert_same_run, train_rows
+    from test_cli import TINY
+    from test_resume import CFG, assert_same_run, stop_and_resume, train_rows
 
     from mmyatt.placement.bench import CORPUS
 
@@ -467,11 +467,7 @@ def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
         "distributed.nproc=2",
         "checkpoint.save_every=2",
     ]
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, CFG, *args)
     rows = train_rows(full)
     print(
         {s: (r["rollout/cut_short_prompts"], r["rollout/carried_prompts"]) for s, r in rows.items()}

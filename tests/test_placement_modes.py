@@ -207,7 +207,8 @@ EXTRA = {  # shared mode with over-dispatch (carried prompts in the checkpoint),
 @pytest.mark.parametrize("mode", ["partial", "colocate", "auto", *EXTRA])
 def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
     from safetensors.torch import load_file
-    from test_cli import ROOT, TINY, mmyatt
+    from test_cli import ROOT, TINY
+    from test_resume import stop_and_resume
 
     cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
     # the rule reward of TINY: a judge's answers move in the last bits with how its
@@ -219,13 +220,9 @@ def test_stop_and_resume_equals_uninterrupted_in_every_mode(tmp_path, mode):
         *EXTRA.get(mode, [f"placement.mode={mode}"]),
         "placement.profile_steps=1",
     ]
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "continuing at step 3" in out.stdout
+    full, parts, out = stop_and_resume(tmp_path, cfg, *args)
     if mode == "auto":  # its measurements came back with the checkpoint
-        assert "[placement] auto resumes with the checkpoint's measurements" in out.stdout
+        assert "[placement] auto resumes with the checkpoint's measurements" in out
     final = Path("checkpoints") / "final" / "model.safetensors"
     wa, wb = load_file(str(full / final)), load_file(str(parts / final))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -44,13 +44,23 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert train_rows(a) == train_rows(b)
 
 
+def stop_and_resume(tmp_path, *train_args, steps: int = 4, stop: int = 2):
+    """``mmyatt train *train_args`` (a config path first) run ``steps`` steps uninterrupted
+    (``tmp_path/full``), and ``stop`` steps then resumed to ``steps`` (``tmp_path/parts``);
+    checks that the resume went on at step ``stop + 1``. Returns (full, parts, the resumed
+    run's stdout)."""
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    mmyatt(tmp_path, "train", *train_args, f"trainer.steps={steps}", "--run-dir", str(full))
+    mmyatt(tmp_path, "train", *train_args, f"trainer.steps={stop}", "--run-dir", str(parts))
+    out = mmyatt(tmp_path, "train", *train_args, f"trainer.steps={steps}", "--run-dir", str(parts))
+    assert f"continuing at step {stop + 1}" in out.stdout
+    return full, parts, out.stdout
+
+
 def test_stop_and_resume_equals_uninterrupted(tmp_path):
     args = [*TINY, "distributed.nproc=2", "checkpoint.save_every=2", "data.shuffle=true"]
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=2", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", CFG, *args, "trainer.steps=4", "--run-dir", str(parts))
-    assert "[resume]" in out.stdout and "continuing at step 3" in out.stdout
+    full, parts, out = stop_and_resume(tmp_path, CFG, *args)
+    assert "[resume]" in out
     assert_same_run(full, parts)
     assert sorted(train_rows(parts)) == [1, 2, 3, 4]
 
@@ -109,9 +119,5 @@ def test_exact_resume_flow_and_vlm(tmp_path, recipe):
         "distributed.nproc=2",
         "data.prompts_per_step=2",
     ]
-    full, parts = tmp_path / "full", tmp_path / "parts"
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(full))
-    mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=1", "--run-dir", str(parts))
-    out = mmyatt(tmp_path, "train", cfg, *args, "trainer.steps=2", "--run-dir", str(parts))
-    assert "continuing at step 2" in out.stdout
+    full, parts, _ = stop_and_resume(tmp_path, cfg, *args, steps=2, stop=1)
     assert_same_run(full, parts)
