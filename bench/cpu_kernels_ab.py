@@ -43,10 +43,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from mmyatt.config import load_config
-    from mmyatt.models.protocol import Sampling
+    from mmyatt.config.schema import load_config
+    from mmyatt.protocols import Sampling
     from mmyatt.models.text import TextPolicy
-    from mmyatt.run import prepare_run, quiet_libraries
+    from mmyatt.step.run import prepare_run, quiet_libraries
 
     quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mmyatt.batches import token_micro_batches
+from mmyatt.step.batches import token_micro_batches
 from mmyatt.models.text import TextPolicy
 from mmyatt.placement.bench import _models
 from mmyatt.rollout import Rollout

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.placement.bench import CORPUS
 
 CHILD = r"""

@@ -33,7 +33,7 @@ def old_adapter(rev: str, tmp: Path):
         cwd=ROOT,
         check=True,
     ).stdout
-    src = src.replace("from .protocol import", "from mmyatt.models.protocol import")
+    src = src.replace("from .protocol import", "from mmyatt.protocols import")
     src = src.replace("from . import decode", "from mmyatt.models import decode")
     path = tmp / "text_at_rev.py"
     path.write_text(src)
@@ -53,10 +53,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    from mmyatt.config import load_config
-    from mmyatt.models.protocol import Sampling
+    from mmyatt.config.schema import load_config
+    from mmyatt.protocols import Sampling
     from mmyatt.models.text import TextPolicy
-    from mmyatt.run import prepare_run, quiet_libraries
+    from mmyatt.step.run import prepare_run, quiet_libraries
 
     quiet_libraries()
     with tempfile.TemporaryDirectory() as tmp:

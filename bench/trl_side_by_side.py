@@ -41,8 +41,8 @@ MMYATT_ARMS = (("mmyatt_1x2", 1, 2), ("mmyatt_2x1", 2, 1))
 
 def prepare(tmp: Path) -> tuple[Path, Path]:
     """The bench's tiny model and its arithmetic prompts, made once for both sides."""
-    from mmyatt.config import load_config
-    from mmyatt.run import prepare_run, quiet_libraries
+    from mmyatt.config.schema import load_config
+    from mmyatt.step.run import prepare_run, quiet_libraries
 
     quiet_libraries()
     cfg = prepare_run(load_config(str(CONFIG), []), tmp / "prepared", log=lambda *a, **k: None)
@@ -71,7 +71,7 @@ def run_trl(python: str, model: Path, prompts: Path, steps: int, out: Path) -> d
 
 def run_mmyatt(model: Path, nproc: int, threads: int, steps: int, run_dir: Path) -> dict:
     from mmyatt.bench import _merge_profiles, _train
-    from mmyatt.metrics import read_metrics
+    from mmyatt.outputs.metrics import read_metrics
 
     overrides = [f"model.path={model}", f"distributed.nproc={nproc}"]
     overrides += [f"trainer.threads={threads}", f"trainer.steps={steps}"]

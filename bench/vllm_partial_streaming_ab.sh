@@ -18,7 +18,7 @@ export VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 import sys
 from pathlib import Path
 from mmyatt.placement.bench import CORPUS
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 t = Path(sys.argv[1])
 build_tiny_text_model(t / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
 build_tiny_text_model(t / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
