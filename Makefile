@@ -30,7 +30,7 @@ test-slow: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format mmyatt models rewards datasets tests
 	$(BIN)/ruff check --fix mmyatt models rewards datasets tests
-	$(BIN)/python -m mmyatt.config_reference --write  # docs/configuration.md (tests/test_docs.py)
+	$(BIN)/python -m mmyatt.config.reference --write  # docs/configuration.md (tests/test_docs.py)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

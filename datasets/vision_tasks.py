@@ -17,7 +17,7 @@ plus ``train.jsonl`` / ``eval.jsonl`` with media paths relative to the manifest,
 :func:`mmyatt.datasets.media.media_transform` resolves. Train and eval draw from
 separate seeded streams and no image is shared between splits.
 
-:mod:`mmyatt.models.judge_training` trains and scores the tiny built-in judge on these
+:mod:`mmyatt.models.builtin.train_tiny_judge` trains and scores the tiny built-in judge on these
 records.
 """
 

@@ -1,5 +1,5 @@
 import sys
 
-from mmyatt.cli import main
+from mmyatt.cli.main import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ capability of its own, a separate protocol the engine checks with ``isinstance``
 * :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``.
 
 Adapters import this module and :mod:`mmyatt.rollout` only from the engine; the engine
-reaches adapters only through :mod:`mmyatt.builders`.
+reaches adapters only through :mod:`mmyatt.step.builders`.
 """
 
 from __future__ import annotations

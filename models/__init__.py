@@ -1,6 +1,6 @@
 """Policy adapters and the models they wrap.
 
-Exports resolve lazily so that importing ``mmyatt.models.protocol`` (which every part
+Exports resolve lazily so that importing ``mmyatt.protocols`` (which every part
 of the engine does) does not import transformers.
 """
 

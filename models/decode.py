@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-# the functions `mmyatt.step_profile` times as "sampling" (the per-step logits math)
+# the functions `mmyatt.step.profile` times as "sampling" (the per-step logits math)
 SAMPLING_KERNELS = ("temper", "draw", "chosen_logprob")
 
 # noise drawn ahead per prompt: at most this many floats per chunk of steps

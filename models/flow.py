@@ -33,13 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from mmyatt.models import flow_io
+from mmyatt.models.builtin.flow_tiny import POSITION_PLANES
 from mmyatt.models.ema import EMAWeights
 from mmyatt.models.flow_io import TRANSFORMERS, add_lora, images_to_tensor, tensor_to_images
 from mmyatt.models.flow_kl import FlowReferenceKL
 from mmyatt.models.flow_pipeline import transformer_forward
 from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, plan_steps, sde_step
-from mmyatt.models.flow_tiny import POSITION_PLANES
-from mmyatt.models.protocol import Sampling, seeded_generator
+from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout
 
 __all__ = ["FlowPolicy"]

@@ -39,7 +39,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mmyatt.models.flow_tiny import OWN_PIPELINE, write_tiny_model_index
+from mmyatt.models.builtin.flow_tiny import OWN_PIPELINE, write_tiny_model_index
 
 # Attention projections of the joint (SD3/Flux) and self/cross (Wan) attention blocks,
 # flow_grpo's LoRA targets; peft matches them as name suffixes and skips absent ones.

@@ -1,6 +1,6 @@
 """DiffusionNFT training for the flow adapter (``algorithm.name: diffusion_nft``).
 
-The math is :mod:`mmyatt.nft`; this module holds what touches a ``FlowPolicy``: the
+The math is :mod:`mmyatt.algorithms.nft`; this module holds what touches a ``FlowPolicy``: the
 sampling ("old") policy, a frozen copy of the transformer that trails the trained one
 by an EMA, and the loss of a rollout's clean samples under forward noising.
 
@@ -24,14 +24,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from mmyatt import nft
-from mmyatt.models.protocol import prompt_seed, seeded_generator
+from mmyatt.algorithms import nft
+from mmyatt.protocols import prompt_seed, seeded_generator
 from mmyatt.rollout import Rollout
 
 
 @dataclass(frozen=True)
 class NFTSettings:
-    """The knobs of ``algorithm.nft`` (see ``mmyatt.config.NFTConfig``)."""
+    """The knobs of ``algorithm.nft`` (see ``mmyatt.config.schema.NFTConfig``)."""
 
     beta: float = 1.0
     reward_norm: str = "advantage"

@@ -374,7 +374,7 @@ def transformer_forward(
         )[0]
     if family == "wan":
         if position_channels:
-            from mmyatt.models.flow_tiny import position_planes
+            from mmyatt.models.builtin.flow_tiny import position_planes
 
             x = torch.cat([x, position_planes(x)], dim=1)
         return model(

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
 from . import cpu_kernels, decode
-from .protocol import Sampling, seeded_generator
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
 

@@ -45,9 +45,9 @@ from torch import Tensor, nn
 
 from mmyatt.models import decode  # one decode loop for text and VLM
 from mmyatt.models.text import _eos_ids
+from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
-from .protocol import Sampling, seeded_generator
 from .vlm_features import VLMFeatures, is_encoded
 from .vlm_inputs import MEDIA_KEYS, VLMInputs
 

@@ -366,7 +366,7 @@ def load_scorer(path: str | Path) -> Callable[..., float]:
 # --- the independent critic -----------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _critic(path: str):
-    from mmyatt.models.shape_critic import load_shape_critic
+    from mmyatt.models.builtin.critic import load_shape_critic
 
     return load_shape_critic(path)
 
@@ -380,7 +380,7 @@ def _builtin_critic_path() -> str:
 def shape_critic(output: Output, record: dict, *, path: str | None = None) -> float:
     """The independent critic's P(colour) x P(shape) for the record's colour and shape
     (mean over frames for clips), in [0, 1]: a CNN trained only on clean drawn shapes
-    with their drawing labels (``mmyatt.models.shape_critic``; ``builtin:shape_critic``
+    with their drawing labels (``mmyatt.models.builtin.critic``; ``builtin:shape_critic``
     unless ``path`` names another). No judge, rule or RL training reads it, so it checks
     a judged reward from outside; log it with weight 0."""
     colour = _target(record, "colour", COLOURS)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from mmyatt.batches import micro_batch_cost, row_widths, token_micro_batches
-from mmyatt.models.protocol import Policy, Sampling
+from mmyatt.protocols import Policy, Sampling
 from mmyatt.rollout import Rollout
+from mmyatt.step.batches import micro_batch_cost, row_widths, token_micro_batches
 
 
 class AdapterContract:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mmyatt.models.protocol import Sampling, seeded_generator
+from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mmyatt import bench, cli
+from mmyatt import bench
 from mmyatt.bench import fault_runs
+from mmyatt.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 

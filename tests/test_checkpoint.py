@@ -17,8 +17,8 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 from torch import nn
 
-import mmyatt.checkpoint as ckpt
-from mmyatt.checkpoint import (
+import mmyatt.checkpoint.checkpointer as ckpt
+from mmyatt.checkpoint.checkpointer import (
     Checkpointer,
     flatten_state,
     load_optimizer_state,
@@ -288,7 +288,7 @@ def test_incomplete_dirs_are_ignored_and_refused(tmp_path):
 
 _CHILD = r"""
 import sys, time, torch
-import mmyatt.checkpoint as ckpt
+import mmyatt.checkpoint.checkpointer as ckpt
 root = sys.argv[1]
 ck = ckpt.Checkpointer(root, keep_last=2)
 real = ckpt._write_text

@@ -131,7 +131,7 @@ def _one_clean_line(err: str) -> str:
 
 
 def test_user_errors_print_one_line_naming_file_line_or_key(tmp_path, capsys):
-    from mmyatt import cli
+    from mmyatt.cli import main as cli
 
     cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")
     bad = tmp_path / "bad.jsonl"
@@ -155,8 +155,9 @@ def test_user_errors_print_one_line_naming_file_line_or_key(tmp_path, capsys):
 def test_a_missing_media_file_is_one_line_and_debug_shows_the_traceback(
     tmp_path, capsys, monkeypatch
 ):
-    from mmyatt import cli, run
+    from mmyatt.cli import main as cli
     from mmyatt.datasets.media import MediaError
+    from mmyatt.step import run
 
     def train(*_):
         raise MediaError("train.jsonl:3: image 'img/cat.png' not found")

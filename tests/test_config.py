@@ -1,6 +1,6 @@
 import pytest
 
-from mmyatt.config import ConfigError, RunConfig, dump_yaml, load_config
+from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
 
 
 def write(tmp_path, text):

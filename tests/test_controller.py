@@ -12,12 +12,12 @@ import torch
 import torch.multiprocessing as mp
 from bandit_policy import BanditPolicy
 
-from mmyatt.config import load_config
-from mmyatt.controller import Controller
+from mmyatt.config.schema import load_config
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import Dist, free_port, init_from_env, shutdown
 from mmyatt.rewards.rules import WeightedReward
+from mmyatt.step.controller import Controller
 
 
 def arm_reward(completion: str, record: dict) -> float:

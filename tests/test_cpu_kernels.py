@@ -10,9 +10,9 @@ from test_text_policy import CORPUS, PROMPTS
 from transformers.models.qwen2.modeling_qwen2 import eager_attention_forward
 
 from mmyatt.models import cpu_kernels
-from mmyatt.models.protocol import Sampling
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 

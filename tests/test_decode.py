@@ -11,9 +11,9 @@ import torch
 from test_text_policy import CORPUS, PROMPTS, _eos_bonus
 
 from mmyatt.models import decode
-from mmyatt.models.protocol import Sampling
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 

@@ -323,8 +323,8 @@ def test_check_counts_an_extra_shape_named_for_a_task_shape_as_false():
 
 
 def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
-    from mmyatt.builders import synthetic_task
-    from mmyatt.config import load_config
+    from mmyatt.config.schema import load_config
+    from mmyatt.step.builders import synthetic_task
 
     cfg = load_config(
         "configs/vlm_genrm_tiny.yaml",
@@ -349,7 +349,7 @@ def test_score_variant_records_and_template():
     assert {r["answer"] for r in recs} == set(d.SCORE_ANSWERS.values())
     assert all(r["answer"] == d.SCORE_ANSWERS[r["verdict"]] for r in recs)
     assert d.SCORE_TEMPLATE == load_template("score_shows")
-    from mmyatt.models.describe_judge import training_batch
+    from mmyatt.models.builtin.train_describe_judge import training_batch
 
     batch = training_batch(20, seed=0)
     assert sum(r["answer"].startswith("Score:") for r in batch) == 3
@@ -415,7 +415,7 @@ def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from mmyatt.models.describe_judge import train_describe_judge
+    from mmyatt.models.builtin.train_describe_judge import train_describe_judge
 
     start = Path(__file__).resolve().parents[1] / "models" / "builtin" / "describe_judge_shapes"
     out = train_describe_judge(
@@ -447,7 +447,7 @@ def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
 def test_judge_pair_table_names_every_shape_in_every_phrasing():
     from pathlib import Path
 
-    from mmyatt.models.describe_judge import PHRASINGS, pair_table
+    from mmyatt.models.builtin.train_describe_judge import PHRASINGS, pair_table
     from mmyatt.models.vlm import VLMPolicy
 
     judge = VLMPolicy.load(

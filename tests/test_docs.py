@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mmyatt import config_reference
-from mmyatt.config import RunConfig
+from mmyatt.config import reference as config_reference
+from mmyatt.config.schema import RunConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 KEY = re.compile(r"`([a-z_]+(?:\.[a-z_0-9]+)+)`")
@@ -21,8 +21,8 @@ SECTIONS = {f.name for f in dataclasses.fields(RunConfig)}
 def test_configuration_reference_has_no_drift():
     committed = config_reference.PAGE.read_text()
     assert committed == config_reference.render(), (
-        "docs/configuration.md differs from the config dataclasses in mmyatt/config.py; "
-        "regenerate it with: python -m mmyatt.config_reference --write"
+        "docs/configuration.md differs from the config dataclasses in mmyatt/config/schema.py; "
+        "regenerate it with: python -m mmyatt.config.reference --write"
     )
 
 

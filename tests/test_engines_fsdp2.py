@@ -13,7 +13,7 @@ from test_cli import ROOT, TINY, mmyatt
 from test_recipes import RECIPES, SMALL
 from test_resume import stop_and_resume
 
-from mmyatt.config import ConfigError, load_config
+from mmyatt.config.schema import ConfigError, load_config
 
 TEXT = str(ROOT / "configs" / "text_grpo_tiny.yaml")
 LENGTH_REWARD = "def reward(completion, record):\n    return len(completion) / 10.0\n"
@@ -195,9 +195,9 @@ def test_fsdp2_options_single_process(tmp_path):
 
     from mmyatt.distributed import Dist
     from mmyatt.engines.fsdp2 import FSDP2Engine, shard_units
-    from mmyatt.models.protocol import Sampling
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
     from mmyatt.models.text import TextPolicy
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.protocols import Sampling
 
     path = build_tiny_text_model(tmp_path / "m", size="qwen2-0.1m", corpus=CORPUS)
     cfg = load_config(None, ["train.backend=fsdp2", "train.mixed_precision=bfloat16"]).train

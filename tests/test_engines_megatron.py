@@ -418,7 +418,7 @@ def test_train_tensor_parallel_2_resumes_exactly(tmp_path):
 )
 def test_pipeline_parallel_config_errors(overrides, match):
     """Checked before megatron's import: these fail the same way without it installed."""
-    from mmyatt.config import ConfigError, load_config
+    from mmyatt.config.schema import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, ["train.backend=megatron", *overrides])

@@ -100,7 +100,7 @@ def judged(tmp_path_factory):
     rewards from a judge the run starts, the mass of half its characters against the
     other half's (continuous in its logits), plus a rule."""
     pytest.importorskip("megatron.core")
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     root = tmp_path_factory.mktemp("judged")
     judge = build_tiny_text_model(root / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
@@ -203,7 +203,7 @@ def test_judge_rewards_are_accepted_with_model_parallel_groups(key):
     """Judge rewards with a model-parallel group were a config error; the group's first
     rank now scores for it."""
     pytest.importorskip("megatron.core")  # else the config error names its install command
-    from mmyatt.config import load_config
+    from mmyatt.config.schema import load_config
 
     cfg = load_config(
         None,

@@ -13,13 +13,13 @@ import pytest
 import torch
 from test_text_policy import CORPUS
 
-from mmyatt.config import ConfigError, RolloutConfig, load_config
+from mmyatt.config.schema import ConfigError, RolloutConfig, load_config
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy, is_metrics, truncated_is_weights
-from mmyatt.models.protocol import Sampling
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.protocols import Sampling
 
 PROMPTS = [{"prompt": "What is 3 + 4?", "_index": 0}, {"prompt": "What is 12 + 5?", "_index": 1}]
 
@@ -344,7 +344,7 @@ def vllm_model_dir(tmp_path_factory):
     """A tiny Qwen2 with head_dim 64 (vLLM's CPU attention has no kernel for 16)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from mmyatt.models.tokenizer import train_bpe_tokenizer
+    from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
 
     out = tmp_path_factory.mktemp("vllm_tiny")
     tok = train_bpe_tokenizer(CORPUS, out, vocab_size=320)

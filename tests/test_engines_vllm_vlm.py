@@ -14,14 +14,14 @@ import torch
 from PIL import Image, ImageDraw
 from test_engines_vllm import Params
 
-from mmyatt.config import RolloutConfig
+from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.engines.vllm_vlm import collapse_placeholders
-from mmyatt.models.protocol import Sampling
-from mmyatt.models.tiny_vlm import build_tiny_vlm
+from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 from mmyatt.models.vlm import VLMPolicy
+from mmyatt.protocols import Sampling
 
 CORPUS = ["What colour is the shape? red", "Which way does it move? left"] * 8
 

@@ -13,11 +13,11 @@ from PIL import Image
 
 from mmyatt.datasets import vision_tasks as vt
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, draw_shape, is_heldout
-from mmyatt.freeze import freeze_parameters
+from mmyatt.models.builtin.train_tiny_judge import rule_judge_records
 from mmyatt.models.flow_sde import kl_closed_form, within_blocks
-from mmyatt.models.judge_training import rule_judge_records
 from mmyatt.rewards.quality import texture, texture_metrics
-from mmyatt.run import print_summary
+from mmyatt.step.freeze import freeze_parameters
+from mmyatt.step.run import print_summary
 
 
 # --- the judge's data never shows or asks about a held-out combination ----------------------
@@ -97,7 +97,7 @@ def test_block_kl_hand_worked():
 
 
 def test_block_kl_needs_a_closed_form_estimator():
-    from mmyatt.config import ConfigError, load_config
+    from mmyatt.config.schema import ConfigError, load_config
 
     with pytest.raises((ConfigError, ValueError), match="kl_block"):
         load_config(None, ["model.kind=flow", "algorithm.kl_block=4", "algorithm.kl_estimator=k3"])
@@ -121,8 +121,8 @@ def test_sft_freezes_model_freeze_unless_sft_freeze_says_otherwise(
 ):
     """The warm start builds its policy with sft.freeze when set, else model.freeze; RL
     keeps model.freeze either way."""
-    from mmyatt import sft
-    from mmyatt.config import load_config
+    from mmyatt.config.schema import load_config
+    from mmyatt.step import sft
 
     class Built(Exception):
         pass
@@ -141,8 +141,8 @@ def test_sft_freezes_model_freeze_unless_sft_freeze_says_otherwise(
 def test_sft_with_a_judged_reward_and_no_check_names_sft_check(monkeypatch, tmp_path):
     """The warm start runs before the run's judge servers start: a genrm reward with no
     sft.check fails with what to set, before any model is built; with a check it goes on."""
-    from mmyatt import sft
-    from mmyatt.config import ConfigError, load_config
+    from mmyatt.config.schema import ConfigError, load_config
+    from mmyatt.step import sft
 
     class Built(Exception):
         pass

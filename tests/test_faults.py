@@ -104,9 +104,9 @@ def _vlm_manifest(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])
 def test_vlm_records_with_missing_or_corrupt_images_are_bad_records(tmp_path, policy):
-    from mmyatt.builders import build_shard
-    from mmyatt.config import load_config
+    from mmyatt.config.schema import load_config
     from mmyatt.datasets.manifest import ManifestError
+    from mmyatt.step.builders import build_shard
 
     path = _vlm_manifest(tmp_path)
     cfg = load_config(

@@ -10,9 +10,9 @@ import torch
 from test_flow_policy import LORA, PROMPTS, _bump_lora, _policy
 
 from mmyatt.algorithms import kl_penalty
-from mmyatt.config import ConfigError, load_config
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.models.flow_sde import kl_closed_form, sde_step
-from mmyatt.models.protocol import Sampling
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 
@@ -123,11 +123,11 @@ def bright(image, record) -> float:
 
 
 def _flow_controller(tmp_path, policy, estimator: str):
-    from mmyatt.controller import Controller
     from mmyatt.datasets.manifest import ShardedManifest
     from mmyatt.datasets.synthetic import write_jsonl
     from mmyatt.distributed import Dist
     from mmyatt.rewards.rules import WeightedReward
+    from mmyatt.step.controller import Controller
 
     manifest = tmp_path / "m.jsonl"
     write_jsonl(manifest, [dict(p) for p in PROMPTS])

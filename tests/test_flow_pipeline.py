@@ -20,9 +20,9 @@ import pytest
 import torch
 from adapter_contract import AdapterContract
 
+from mmyatt.models.builtin.flow_tiny import build_word_tokenizer
 from mmyatt.models.flow import FlowPolicy
-from mmyatt.models.flow_tiny import build_word_tokenizer
-from mmyatt.models.protocol import Sampling, seeded_generator
+from mmyatt.protocols import Sampling, seeded_generator
 
 torch.set_num_threads(1)
 

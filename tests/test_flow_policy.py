@@ -14,10 +14,10 @@ import pytest
 import torch
 from adapter_contract import AdapterContract
 
+from mmyatt.models.builtin.flow_tiny import build_tiny_flow_model
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.models.flow_sde import flow_sigmas
-from mmyatt.models.flow_tiny import build_tiny_flow_model
-from mmyatt.models.protocol import Sampling
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 
@@ -303,7 +303,7 @@ def test_other_transformers_generate_and_score(kind):
 
 
 def test_pretrain_smoke(tmp_path):
-    from mmyatt.models.flow_pretrain import pretrain_flow
+    from mmyatt.models.builtin.pretrain_flow import pretrain_flow
 
     m = pretrain_flow(
         tmp_path / "pt",
@@ -326,7 +326,7 @@ def test_pretrain_smoke(tmp_path):
 
 # --- position planes (tiny video built-in) --------------------------------------------------
 def test_position_planes_span_frames_rows_and_columns():
-    from mmyatt.models.flow_tiny import position_planes
+    from mmyatt.models.builtin.flow_tiny import position_planes
 
     p = position_planes(torch.zeros(2, 3, 4, 2, 3))
     assert p.shape == (2, 5, 4, 2, 3)
@@ -379,9 +379,9 @@ def test_builtin_video_model_follows_the_direction_word():
     (chance = 0.5: the earlier built-in, which ignored the direction word, scored 0.50 on
     its motion check), which the video demo's RL needs as a start. Fixed seeds, ODE
     sampling: the result is deterministic."""
-    from mmyatt.builders import resolve_builtin
     from mmyatt.datasets.shapes import DIRECTIONS
     from mmyatt.rewards.image import motion_direction
+    from mmyatt.step.builders import resolve_builtin
 
     policy = FlowPolicy.load(resolve_builtin("builtin:tiny_t2v"))
     assert policy.position_channels

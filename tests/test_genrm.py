@@ -204,7 +204,7 @@ def test_image_outputs_travel_as_png_data_urls(fake_server, client):
 
 @pytest.fixture(scope="module")
 def tiny_judge_dir(tmp_path_factory):
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     corpus = ["Is the answer correct? Yes", "Is the answer correct? No", "Yes No yes no"] * 30
     return build_tiny_text_model(

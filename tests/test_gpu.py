@@ -24,10 +24,11 @@ import torch
 from test_cli import ROOT, mmyatt
 from test_recipes import RECIPES, SMALL
 
-from mmyatt import builders, distributed
+from mmyatt import distributed
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
-from mmyatt.run import train
+from mmyatt.step import builders
+from mmyatt.step.run import train
 
 # MMYATT_TEST_DEVICE=cpu runs the same wiring on the CPU (a dry run of this file)
 DEV = os.environ.get("MMYATT_TEST_DEVICE", "cuda")

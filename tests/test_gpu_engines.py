@@ -13,12 +13,12 @@ import pytest
 import torch
 from test_text_policy import CORPUS
 
-from mmyatt.config import RolloutConfig, load_config
+from mmyatt.config.schema import RolloutConfig, load_config
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available, build_engines
-from mmyatt.models.protocol import Sampling
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
-from mmyatt.models.tiny import build_tiny_text_model
+from mmyatt.protocols import Sampling
 
 DEV = os.environ.get("MMYATT_TEST_DEVICE", "cuda")
 assert DEV in ("cuda", "cpu"), f"MMYATT_TEST_DEVICE={DEV!r}: cuda or cpu"

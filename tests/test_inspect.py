@@ -13,12 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from mmyatt.inspect import load_run
-from mmyatt.report import write_report
+from mmyatt.outputs.rollout_log import truncate_rollouts, write_rollouts
+from mmyatt.report.html import write_report
+from mmyatt.report.inspect import load_run
 from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
-from mmyatt.rollout_log import truncate_rollouts, write_rollouts
 
 
 def yes_no_response(token: str, p_yes: float) -> dict:
@@ -206,7 +206,7 @@ def check_report(html: str, run) -> None:
 def test_requested_tracker_that_is_missing_names_the_install_command():
     import importlib.util
 
-    from mmyatt.config import ConfigError, load_config
+    from mmyatt.config.schema import ConfigError, load_config
 
     missing = [m for m in ("wandb", "mlflow") if importlib.util.find_spec(m) is None]
     if not missing:
@@ -218,8 +218,8 @@ def test_requested_tracker_that_is_missing_names_the_install_command():
 
 def log_to_trackers(tmp_path: Path, tracker: str):
     """A logger with one tracker: two steps of scalars, an eval grid, a rollout table."""
-    from mmyatt.config import load_config
-    from mmyatt.trackers import make_logger
+    from mmyatt.config.schema import load_config
+    from mmyatt.outputs.trackers import make_logger
 
     cfg = load_config(None, [f"logging.trackers=[{tracker}]", "name=tracked"])
     logger = make_logger(cfg, tmp_path, enabled=True)

@@ -17,7 +17,7 @@ from mmyatt.rewards.judge_pool import JudgePool, check_health
 
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory) -> Path:
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     return build_tiny_text_model(
         tmp_path_factory.mktemp("pooljudge"), size="qwen2-0.1m", corpus=["Yes No"] * 20

@@ -244,7 +244,7 @@ def test_non_loopback_bind_warns(capfd):
 
 @pytest.fixture(scope="module")
 def tiny_judge_dir(tmp_path_factory) -> Path:
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     return build_tiny_text_model(
         tmp_path_factory.mktemp("pooljudge"), size="qwen2-0.1m", corpus=["Yes No"] * 20

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from mmyatt.datasets.vision_tasks import COLOURS, SHAPES, judge_records
-from mmyatt.models.judge_training import (
+from mmyatt.models.builtin.train_tiny_judge import (
     generator_samples,
     judge_accuracy,
     rule_agreement,
@@ -112,7 +112,7 @@ def test_judge_accuracy_reports_what_it_pays_per_shape():
 
 
 def test_generator_samples_draw_from_the_flow_model():
-    from mmyatt.builders import resolve_builtin
+    from mmyatt.step.builders import resolve_builtin
 
     def draw():
         return generator_samples(
@@ -135,7 +135,7 @@ def test_generator_samples_draw_from_the_flow_model():
 def test_shape_judge_trainer_runs_both_stages_and_saves(tmp_path):
     """A few steps of the flow demo's judge recipe (augmented, chosen on the questions):
     both stages run, a checkpoint is saved and measured on every set."""
-    from mmyatt.models.shape_judge import train_shape_judge
+    from mmyatt.models.builtin.train_shape_judge import train_shape_judge
 
     out = train_shape_judge(
         tmp_path / "judge",

@@ -1,5 +1,5 @@
 """The layout shows the architecture: no source file over 600 lines, the engine reaches
-the adapters only through ``mmyatt/builders.py``, and importing either side does not
+the adapters only through ``mmyatt/step/builders.py``, and importing either side does not
 import the other (the adapters take only leaf helpers of the engine)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mmyatt", "models", "rewards", "datasets", "tests")
 # engine-side tools that measure or instrument the adapters themselves, not the engine
 TOOLS = {
-    "mmyatt/builders.py",  # config -> adapters: the one door
-    "mmyatt/step_profile.py",  # patches timers onto models.decode / models.flow functions
+    "mmyatt/step/builders.py",  # config -> adapters: the one door
+    "mmyatt/step/profile.py",  # patches timers onto models.decode / models.flow functions
     "mmyatt/placement/bench.py",
     "mmyatt/placement/bench_memory.py",
 }
@@ -54,15 +54,18 @@ def test_the_engine_imports_adapters_only_through_the_builders():
         for p in sorted((ROOT / "mmyatt").rglob("*.py"))
         if str(p.relative_to(ROOT)) not in TOOLS and "bench" not in p.relative_to(ROOT).parts
     ]
-    assert ROOT / "mmyatt" / "controller.py" in engine and ROOT / "mmyatt" / "run.py" in engine
+    assert (
+        ROOT / "mmyatt" / "step" / "controller.py" in engine
+        and ROOT / "mmyatt" / "step" / "run.py" in engine
+    )
     assert [hit for p in engine for hit in _adapter_imports(p)] == []
-    assert _adapter_imports(ROOT / "mmyatt" / "builders.py")  # the check can see an import
+    assert _adapter_imports(ROOT / "mmyatt" / "step" / "builders.py")  # the check can see an import
 
 
 def test_no_import_cycle_between_the_engine_and_the_adapters():
     code = (
         "import sys\n"
-        "import mmyatt.controller, mmyatt.run, mmyatt.sft, mmyatt.checkpoint\n"
+        "import mmyatt.step.controller, mmyatt.step.run, mmyatt.step.sft, mmyatt.checkpoint.checkpointer\n"
         "print(sorted(m for m in sys.modules if m.startswith('mmyatt.models')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -71,12 +74,17 @@ def test_no_import_cycle_between_the_engine_and_the_adapters():
     code = (
         "import sys\n"
         "import mmyatt.models.text, mmyatt.models.vlm, mmyatt.models.flow\n"
-        "import mmyatt.models.flow_nft, mmyatt.models.judge_training\n"
+        "import mmyatt.models.flow_nft, mmyatt.models.builtin.train_tiny_judge\n"
         "print(sorted(m for m in sys.modules if m.startswith('mmyatt.')\n"
         "             and m.split('.')[1] not in ('models', 'rewards', 'datasets')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     # the adapters take the protocols, the rollout and leaf helpers, nothing that drives them
-    leaves = {"mmyatt.protocols", "mmyatt.rollout", "mmyatt.nft", "mmyatt.lr_schedule"}
+    leaves = {
+        "mmyatt.protocols",
+        "mmyatt.rollout",
+        "mmyatt.algorithms.nft",
+        "mmyatt.step.lr_schedule",
+    }
     assert set(ast.literal_eval(out.stdout)) <= leaves, out.stdout

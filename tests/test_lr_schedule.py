@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mmyatt.lr_schedule import cosine_factor, cosine_schedule
+from mmyatt.step.lr_schedule import cosine_factor, cosine_schedule
 
 
 def _rates(total: int, n: int, lr: float = 1e-3, **kw) -> list[float]:
@@ -90,7 +90,7 @@ def test_controller_schedule_is_the_shared_one():
     trainer.steps (hand-worked: 10 steps, 2 of warm-up)."""
     from types import SimpleNamespace
 
-    from mmyatt.controller import Controller
+    from mmyatt.step.controller import Controller
 
     def factor(schedule, warmup, step):
         cfg = SimpleNamespace(

@@ -313,7 +313,7 @@ def test_write_jsonl_round_trip(tmp_path):
 
 
 def test_a_manifest_path_holding_a_comma_is_one_file_and_a_list_still_splits(tmp_path):
-    from mmyatt.builders import manifest_paths
+    from mmyatt.step.builders import manifest_paths
 
     odd = tmp_path / "run,with_comma" / "train.jsonl"
     odd.parent.mkdir()

@@ -1,5 +1,5 @@
 """Micro-batches of a bounded padded width (``algorithm.micro_batch_tokens``,
-mmyatt/batches.py) against hand-worked cuts; every row once, the budget kept; as many
+mmyatt/step/batches.py) against hand-worked cuts; every row once, the budget kept; as many
 micro-batches on every rank (``to_count``, ``step_parts.micro_parts``)."""
 
 from __future__ import annotations
@@ -9,9 +9,15 @@ import random
 import pytest
 import torch
 
-from mmyatt.batches import group_index, micro_batch_cost, row_widths, to_count, token_micro_batches
 from mmyatt.rollout import Rollout
-from mmyatt.step_parts import micro_parts
+from mmyatt.step.batches import (
+    group_index,
+    micro_batch_cost,
+    row_widths,
+    to_count,
+    token_micro_batches,
+)
+from mmyatt.step.parts import micro_parts
 
 P, A = 4, 4  # prompt and action columns
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from test_flow_policy import PROMPTS, _policy
 
-from mmyatt import nft
-from mmyatt.config import ConfigError, load_config
+from mmyatt.algorithms import nft
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.models.flow_nft import FlowNFT, NFTSettings
-from mmyatt.models.protocol import Sampling
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 
@@ -207,11 +207,11 @@ def test_config_checks():
 
 # --- the engine: an NFT step, and latent rewards that skip the decode ------------------
 def _controller(tmp_path, reward_specs, overrides=()):
-    from mmyatt.controller import Controller
     from mmyatt.datasets.manifest import ShardedManifest
     from mmyatt.datasets.synthetic import write_jsonl
     from mmyatt.distributed import Dist
     from mmyatt.rewards.rules import WeightedReward
+    from mmyatt.step.controller import Controller
 
     recs = [{"prompt": p["prompt"], "id": p["id"]} for p in PROMPTS] * 2
     write_jsonl(tmp_path / "m.jsonl", recs)

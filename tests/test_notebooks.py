@@ -70,7 +70,7 @@ def test_notebooks_are_stored_without_outputs():
 def test_rollout_log_and_html_report_of_a_genrm_job(genrm_run):
     from test_inspect import check_report
 
-    from mmyatt.inspect import load_run
+    from mmyatt.report.inspect import load_run
 
     # every rank logged every step, with the judge's answer next to each reward
     rows = []

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mmyatt.config import ConfigError, RunConfig, apply_override, build, load_config
+from mmyatt.config.schema import ConfigError, RunConfig, apply_override, build, load_config
 from mmyatt.placement import resources as res
 from mmyatt.placement.config import check_placement, make_plan
 
@@ -224,9 +224,9 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
 ):
     """A settled judge pays one extra load at start (seconds for a large judge), so the
     run asks for it only where the judge will be released between phases."""
-    from mmyatt import run
-    from mmyatt.config import load_config
+    from mmyatt.config.schema import load_config
     from mmyatt.rewards import judge_pool
+    from mmyatt.step import run
 
     seen = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.config import ConfigError, RunConfig, apply_override, build
+from mmyatt.config.schema import ConfigError, RunConfig, apply_override, build
 from mmyatt.placement.devices import check_judge_devices, device_lines, judge_device_sets
 
 JUDGE = ["reward.functions=[{name: genrm}]", "reward.judge.model=/some/judge"]
@@ -112,7 +112,7 @@ def test_train_refuses_judge_gpus_before_it_prepares_anything(tmp_path):
     """`mmyatt train` on this machine (no CUDA device in CI): the error comes before the
     run directory, data or judges are made."""
     from mmyatt.placement.devices import cuda_count
-    from mmyatt.run import train
+    from mmyatt.step.run import train
 
     if cuda_count():
         pytest.skip("this machine has CUDA devices")

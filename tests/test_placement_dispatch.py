@@ -13,13 +13,13 @@ import pytest
 import torch
 from bandit_policy import BanditPolicy
 
-from mmyatt.checkpoint import flatten_state, unflatten_state
-from mmyatt.config import ConfigError, load_config
-from mmyatt.controller import Controller
+from mmyatt.checkpoint.checkpointer import flatten_state, unflatten_state
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import Dist
 from mmyatt.rewards.rules import WeightedReward
+from mmyatt.step.controller import Controller
 
 # record i needs LENS[i] decode steps (every sample of its group)
 LENS = [5, 9, 3, 2, 8, 4, 1, 9, 9, 2, 3, 4]
@@ -151,7 +151,7 @@ def test_config_checks():
         load_config(None, ["rollout.over_dispatch_ratio=0.5"])
     with pytest.raises(ConfigError, match="same denoising steps: there is no long tail"):
         load_config(None, ["rollout.over_dispatch_ratio=1.5", "model.kind=flow"])
-    from mmyatt.config import RunConfig, apply_override, build
+    from mmyatt.config.schema import RunConfig, apply_override, build
     from mmyatt.placement.config import check_over_dispatch
 
     tree: dict = {}
@@ -179,8 +179,8 @@ def test_config_checks():
 def test_text_decode_stops_when_the_batch_is_complete(tmp_path):
     """The real decode loop: complete_groups=2 of 4 prompts stops early; the two kept
     groups hold the samples a full decode draws for them (per-prompt seeds)."""
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
     from mmyatt.models.text import TextPolicy
-    from mmyatt.models.tiny import build_tiny_text_model
     from mmyatt.placement.dispatch import complete_groups
     from mmyatt.protocols import Sampling
 
@@ -210,7 +210,7 @@ def test_vlm_decode_stops_when_the_batch_is_complete(tmp_path):
     complete stops the decode, and the kept groups hold a full decode's samples."""
     from test_vlm_policy import CORPUS, square
 
-    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
     from mmyatt.models.vlm import VLMPolicy
     from mmyatt.placement.dispatch import complete_groups
     from mmyatt.protocols import Sampling

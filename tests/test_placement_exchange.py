@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from mmyatt import builders
-from mmyatt.config import load_config
-from mmyatt.controller import Controller
+from mmyatt.config.schema import load_config
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import free_port, init_from_env, shutdown
 from mmyatt.placement.exchange import assign_parts, choose_parts, concat_padded, group_costs
 from mmyatt.rollout import Rollout
+from mmyatt.step import builders
+from mmyatt.step.controller import Controller
 
 
 def test_assign_parts_moves_few_samples():
@@ -75,7 +75,7 @@ CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     root = tmp_path_factory.mktemp("exchange")
     model = build_tiny_text_model(root / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)

@@ -21,9 +21,9 @@ def test_encoded_features_give_the_pixels_log_probs():
 
     from test_vlm_policy import CORPUS, moving_frames, square
 
-    from mmyatt.models.protocol import Sampling
-    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
     from mmyatt.models.vlm import VLMPolicy
+    from mmyatt.protocols import Sampling
     from mmyatt.rollout import Rollout
 
     for arch in ("qwen2-vl", "qwen2.5-vl"):

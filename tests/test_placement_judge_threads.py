@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from mmyatt.config import ConfigError, load_config
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.distributed import Dist
-from mmyatt.metrics import PhaseTimer
+from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.placement import resources as res
 from mmyatt.placement.judge_threads import JudgeThreads
 from mmyatt.placement.runner import Placement

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mmyatt.config import ConfigError, load_config
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.placement.config import check_placement
 
 
@@ -69,7 +69,7 @@ def test_two_controllers_get_their_own_samples_and_rewards_merged_or_not(tmp_pat
     from test_cli import ROOT, TINY, mmyatt
     from test_placement_modes import CORPUS
 
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     judge = build_tiny_text_model(tmp_path / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)
     cfg = str(ROOT / "configs" / "text_grpo_tiny.yaml")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmyatt import builders
-from mmyatt.config import load_config
-from mmyatt.controller import Controller
+from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
 from mmyatt.placement import resources as res
+from mmyatt.step import builders
+from mmyatt.step.controller import Controller
 
 YES = "abcdefghijklmABCDEFGHIJKLM01234\n +"
 NO = "nopqrstuvwxyzNOPQRSTUVWXYZ56789.,?="
@@ -25,7 +25,7 @@ CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     root = tmp_path_factory.mktemp("placement")
     judge = build_tiny_text_model(root / "judge", size="qwen2-0.1m", corpus=CORPUS, seed=1)

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from mmyatt.config import ConfigError, load_config
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.placement.offload import PolicyOffload
 
 
@@ -68,10 +68,10 @@ def test_update_leaves_no_gradients(tmp_path):
 def test_controller_drops_gradients_after_the_update(tmp_path):
     from test_placement_modes import CORPUS
 
-    from mmyatt import builders
-    from mmyatt.controller import Controller
     from mmyatt.distributed import Dist
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
+    from mmyatt.step import builders
+    from mmyatt.step.controller import Controller
 
     policy = build_tiny_text_model(tmp_path / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)
     base = load_config(None, ["data.synthetic_train_size=32", "data.synthetic_eval_size=8"])

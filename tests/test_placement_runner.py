@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from mmyatt.config import load_config
+from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
-from mmyatt.metrics import PhaseTimer
+from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.placement import resources as res
 from mmyatt.placement.config import candidate_plans
 from mmyatt.placement.runner import Placement

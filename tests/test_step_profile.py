@@ -1,4 +1,4 @@
-"""mmyatt.step_profile: timers count the outermost call only, "other" is the rest of the
+"""mmyatt.step.profile: timers count the outermost call only, "other" is the rest of the
 step, shares add up to 1, and patches come off again."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmyatt.bench import _merge_profiles
-from mmyatt.step_profile import StepProfile, instrument_common
+from mmyatt.step.profile import StepProfile, instrument_common
 
 
 class Box:

@@ -7,9 +7,9 @@ import torch
 from adapter_contract import AdapterContract
 from transformers import AutoModelForCausalLM
 
-from mmyatt.models.protocol import Sampling
+from mmyatt.models.builtin.tiny import TINY_TEXT_CONFIGS, build_tiny_text_model
 from mmyatt.models.text import IGNORE_INDEX, PromptTooLongError, TextPolicy
-from mmyatt.models.tiny import TINY_TEXT_CONFIGS, build_tiny_text_model
+from mmyatt.protocols import Sampling
 from mmyatt.rollout import Rollout
 
 torch.set_num_threads(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from mmyatt.models.tokenizer import train_bpe_tokenizer
+from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
 
 CORPUS = [f"What is {a} + {b}? The answer is {a + b}." for a in range(30) for b in range(10)] + [
     "The quick brown fox jumps over the lazy dog."

@@ -11,10 +11,10 @@ from adapter_contract import AdapterContract
 from PIL import Image, ImageDraw
 
 from mmyatt.datasets.media import image_to_data_url, write_video
-from mmyatt.models.protocol import Sampling
-from mmyatt.models.tiny_vlm import VISION_TOKENS, build_tiny_vlm
+from mmyatt.models.builtin.tiny_vlm import VISION_TOKENS, build_tiny_vlm
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.models.vlm_inputs import PromptTooLongError
+from mmyatt.protocols import Sampling
 
 torch.set_num_threads(1)
 
@@ -255,7 +255,7 @@ def test_builtin_tiny_judge_answers_yes_no():
     known weakness (models/builtin/tiny_judge/README.md)."""
     from mmyatt.datasets.shapes import HELDOUT
     from mmyatt.datasets.vision_tasks import judge_records
-    from mmyatt.models.judge_training import judge_accuracy
+    from mmyatt.models.builtin.train_tiny_judge import judge_accuracy
 
     judge = VLMPolicy.load(BUILTIN_JUDGE, max_prompt_tokens=64)
     records = judge_records(48, seed=123, exclude=HELDOUT)

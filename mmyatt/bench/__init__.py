@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from mmyatt.metrics import read_metrics
-from mmyatt.step_profile import MODEL_KINDS
+from mmyatt.outputs.metrics import read_metrics
+from mmyatt.step.profile import MODEL_KINDS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -199,7 +199,7 @@ def bench_text_grpo(quick: bool) -> dict:
 
 
 def _merge_profiles(ranks: list[dict]) -> dict:
-    """The step profile of an arm (``mmyatt.step_profile``): every controller's mean
+    """The step profile of an arm (``mmyatt.step.profile``): every controller's mean
     seconds per step by kind (warm-up step dropped), averaged over controllers, with
     shares of the step and the model-compute share (forward + backward + optimizer +
     sampling kernels); "other" is Python and glue outside every timed call."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mmyatt.checkpoint import (
+from mmyatt.checkpoint.checkpointer import (
     Checkpointer,
     load_optimizer_state,
     optimizer_state,

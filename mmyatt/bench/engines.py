@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from mmyatt.config import load_config
+from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
 from mmyatt.engines import available, build_engines
 
@@ -84,7 +84,7 @@ def build_text_model(out: Path, size: str, dtype: torch.dtype) -> Path:
     (no downloads; ids past the tokenizer are never sampled)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from mmyatt.models.tokenizer import train_bpe_tokenizer
+    from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
 
     tok = train_bpe_tokenizer(CORPUS, out, vocab_size=320)
     cfg = Qwen2Config(
@@ -134,7 +134,7 @@ def run_arm(
     accumulated over micro-batches of ``micro_batch`` sequences) through
     ``build_engines``; medians over the steps after the first (warm-up)."""
     from mmyatt import algorithms as alg
-    from mmyatt.models.protocol import Sampling
+    from mmyatt.protocols import Sampling
 
     cfg = load_config(None, overrides)
     if device.startswith("cuda"):
@@ -277,7 +277,7 @@ def bench_vlm(out: Path, cuda: bool, device: str, quick: bool) -> dict:
     """A VLM GRPO-shaped step with images: HF rollout + FSDP2 update."""
     from PIL import Image
 
-    from mmyatt.models import tiny_vlm
+    from mmyatt.models.builtin import tiny_vlm
     from mmyatt.models.vlm import VLMPolicy
 
     size = "small"

@@ -428,7 +428,7 @@ def bench_faults(quick: bool = False) -> dict:
             ]
         results = [s(tmp, ref) for s in scenarios]
         # the judge-backed job: its own reference
-        from mmyatt.models.tiny import build_tiny_text_model
+        from mmyatt.models.builtin.tiny import build_tiny_text_model
 
         corpus = [f"Question: {a}+{b}=\nAnswer: {a + b}\n" for a in range(30) for b in range(10)]
         job = judge_job(build_tiny_text_model(tmp / "judge", size="qwen2-0.1m", corpus=corpus))

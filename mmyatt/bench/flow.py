@@ -8,7 +8,7 @@ images per iteration, one PPO step over the trained transitions. Variants:
 * ``reduced``: 10 SDE steps per rollout (denoising reduction), every step trained;
 * ``window``: 10 steps, SDE and training only in a 2-step window (Flow-GRPO-Fast).
 
-Each variant also reports its ``profile`` (``mmyatt.step_profile``): the share of the
+Each variant also reports its ``profile`` (``mmyatt.step.profile``): the share of the
 iteration in transformer/text-encoder forwards, backward, optimizer, SDE step math,
 image conversion, loss math and the rest ("other": Python and glue outside the timers).
 
@@ -25,8 +25,8 @@ import time
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.models.protocol import Sampling
-from mmyatt.step_profile import StepProfile, instrument_common, instrument_flow_policy
+from mmyatt.protocols import Sampling
+from mmyatt.step.profile import StepProfile, instrument_common, instrument_flow_policy
 
 
 def _iteration(policy, opt, prompts, group, sampling, seed) -> tuple[float, float, int]:
@@ -47,8 +47,8 @@ def _iteration(policy, opt, prompts, group, sampling, seed) -> tuple[float, floa
 
 
 def bench_flow_grpo(quick: bool = False) -> dict:
-    from mmyatt.builders import resolve_builtin
     from mmyatt.models.flow import FlowPolicy
+    from mmyatt.step.builders import resolve_builtin
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -71,7 +71,7 @@ def bench_flow_grpo(quick: bool = False) -> dict:
         "repetitions": reps,
     }
     times: dict[str, list[tuple[float, float, int]]] = {k: [] for k in variants}
-    # where each variant's iteration goes (mmyatt.step_profile): timers on the real calls
+    # where each variant's iteration goes (mmyatt.step.profile): timers on the real calls
     profiles = {k: StepProfile() for k in variants}
     _iteration(policy, opt, prompts[:1], 2, Sampling(denoise_steps=4), 0)  # warm-up
     for rep in range(reps):  # interleaved, so drift on a noisy machine hits every variant

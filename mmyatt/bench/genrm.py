@@ -270,7 +270,7 @@ def bench_genrm(
 
 
 def _bench(quick: bool, baseline, baseline_client) -> dict:
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
     from mmyatt.rewards.judge_pool import JudgePool
     from mmyatt.rewards.judge_server import BENCH_KEEP_WARM_MS
 

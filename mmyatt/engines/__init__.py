@@ -67,8 +67,8 @@ def require(name: str, key: str) -> None:
 
 
 def check_engines(cfg) -> None:
-    """Config checks for the engine settings (called by ``mmyatt.config.validate``)."""
-    from mmyatt.config import ConfigError
+    """Config checks for the engine settings (called by ``mmyatt.config.schema.validate``)."""
+    from mmyatt.config.schema import ConfigError
 
     t, r, j = cfg.train, cfg.rollout, cfg.reward.judge
     micro = cfg.algorithm.micro_batch_tokens
@@ -133,7 +133,7 @@ def check_engines(cfg) -> None:
 def _check_tensor_parallel(cfg) -> None:
     """train.tensor_parallel > 1: a tensor-parallel group of processes is one controller
     (mmyatt/engines/megatron_group.py); what that does not cover is refused here."""
-    from mmyatt.config import ConfigError
+    from mmyatt.config.schema import ConfigError
 
     t, n = cfg.train, cfg.distributed.nproc
     # a pipeline group, or a TP x PP model-parallel group, is one controller the same way
@@ -172,7 +172,7 @@ def _check_tensor_parallel(cfg) -> None:
 
 
 def _require(cfg, name: str, key: str) -> None:
-    from mmyatt.config import ConfigError
+    from mmyatt.config.schema import ConfigError
 
     try:
         require(name, key)
@@ -215,12 +215,12 @@ class ReplicaEngine:
         policy.module().load_state_dict(state)
 
     def optimizer_state(self, policy, optimizer) -> dict:
-        from mmyatt.checkpoint import optimizer_state
+        from mmyatt.checkpoint.checkpointer import optimizer_state
 
         return optimizer_state(optimizer)
 
     def load_optimizer_state(self, policy, optimizer, state: dict) -> None:
-        from mmyatt.checkpoint import load_optimizer_state
+        from mmyatt.checkpoint.checkpointer import load_optimizer_state
 
         load_optimizer_state(optimizer, state)
 

@@ -33,7 +33,7 @@ Options (``train.*``):
 
 Run-state checkpoints use ``torch.distributed.checkpoint.state_dict``
 (``get_model_state_dict`` / ``get_optimizer_state_dict`` with full state dicts, keyed by
-parameter names), written by ``mmyatt.checkpoint`` in safetensors like every other run.
+parameter names), written by ``mmyatt.checkpoint.checkpointer`` in safetensors like every other run.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as tdist
 from torch import Tensor
 
-from mmyatt.checkpoint import Checkpointer
+from mmyatt.checkpoint.checkpointer import Checkpointer
 from mmyatt.distributed import Dist
 from mmyatt.rewards.mixture import RewardMixture
 
@@ -118,7 +118,7 @@ class MirrorCheckpointer(Checkpointer):
 
 def broadcast_rollout(out, tp_group_first: int, group):
     """The group's first rank's rollout and RNG state on every rank of ``group``."""
-    from mmyatt.checkpoint import rng_state, set_rng_state
+    from mmyatt.checkpoint.checkpointer import rng_state, set_rng_state
 
     box = [(out, rng_state()) if out is not None else None]
     tdist.broadcast_object_list(box, src=tp_group_first, group=group)

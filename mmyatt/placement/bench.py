@@ -133,7 +133,7 @@ def _train(run_dir: Path, overrides: list[str]) -> None:
 
 
 def _rows(run_dir: Path, first: int = 1) -> list[dict]:
-    from mmyatt.metrics import read_metrics
+    from mmyatt.outputs.metrics import read_metrics
 
     return [r for r in read_metrics(run_dir) if "timing/step_s" in r and r["step"] >= first]
 
@@ -235,7 +235,7 @@ WORKLOADS = (
 def _models(tmp: Path) -> tuple[Path, Path]:
     """The bench's policy and judge: two qwen2-1m models (random init, seeds 0 and 1) built
     under ``tmp``. The probe scripts in bench/ use the same pair."""
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
     judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
@@ -457,7 +457,7 @@ def bench_placement(
 
 
 def _partial_judge() -> dict:
-    from mmyatt.config import PlacementConfig
+    from mmyatt.config.schema import PlacementConfig
 
     p = PlacementConfig()
     return {"widen_judge": p.widen_judge, "stream_max_samples": p.stream_max_samples}

@@ -31,7 +31,7 @@ def big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from mmyatt.models.tiny import build_tiny_text_model
+    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     out = build_tiny_text_model(out_dir, size="qwen2-1m", corpus=bench.CORPUS, seed=seed)
     d = Qwen2Config.from_pretrained(out).to_dict()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mmyatt.config import PlacementConfig, RunConfig
+    from mmyatt.config.schema import PlacementConfig, RunConfig
 
 MODES = ("shared", "colocate", "partial", "auto")
 # placement/mode_id in the metrics: the mode a step ran in, as a number
@@ -43,7 +43,7 @@ class CorePlan:
 
 
 def _error(msg: str):
-    from mmyatt.config import ConfigError
+    from mmyatt.config.schema import ConfigError
 
     return ConfigError(msg)
 
@@ -264,7 +264,7 @@ def check_merge_rollout(cfg: RunConfig) -> None:
 
 def check_over_dispatch(cfg: RunConfig) -> None:
     """rollout.over_dispatch_ratio / max_carries (mmyatt/placement/dispatch.py)."""
-    from mmyatt.config import ConfigError
+    from mmyatt.config.schema import ConfigError
 
     ro = cfg.rollout
     if not ro.over_dispatch_ratio >= 1:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from mmyatt.placement.config import _error
 
 if TYPE_CHECKING:
-    from mmyatt.config import RunConfig
+    from mmyatt.config.schema import RunConfig
 
 
 def cuda_count() -> int:

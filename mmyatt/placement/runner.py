@@ -424,7 +424,7 @@ class Placement:
         """placement.balance: this rank's share of the step's samples after the
         Karmarkar-Karp exchange, and max/mean rank work before and after; else ``r``.
         A VLM's samples travel with their vision features (``policy.encode_media``)."""
-        from mmyatt.batches import minibatches
+        from mmyatt.step.batches import minibatches
 
         self._balanced = False
         if self.exchange is None:
@@ -440,8 +440,8 @@ class Placement:
 
     def minibatches(self, r, m: int):
         """The step's minibatches: as the exchange left them when balanced, else m
-        chunks of whole groups (mmyatt/batches.py)."""
-        from mmyatt.batches import minibatches
+        chunks of whole groups (mmyatt/step/batches.py)."""
+        from mmyatt.step.batches import minibatches
 
         if self._balanced:
             return self.exchange.split(r)

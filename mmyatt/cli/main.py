@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from mmyatt.config import ConfigError
+from mmyatt.config.schema import ConfigError
 
 BENCHES = (
     "text-grpo",
@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def dispatch(args) -> int:
     if args.cmd == "train":
-        from mmyatt.run import train
+        from mmyatt.step.run import train
 
         return train(args.config, args.overrides, args.run_dir)
     if args.cmd == "_controller":
-        from mmyatt.run import controller_main
+        from mmyatt.step.run import controller_main
 
         rc = controller_main(args.config, [], args.run_dir)
         # Everything is written and closed and the process group is destroyed: leave
@@ -133,7 +133,7 @@ def dispatch(args) -> int:
         sys.stderr.flush()
         os._exit(rc)
     if args.cmd == "sft":
-        from mmyatt.run import sft_command
+        from mmyatt.step.run import sft_command
 
         return sft_command(args.config, args.overrides, args.run_dir)
     if args.cmd == "serve-genrm":
@@ -154,7 +154,7 @@ def dispatch(args) -> int:
         print(json.dumps(result, indent=2))
         return 0
     if args.cmd == "inspect":
-        from mmyatt.run import print_summary
+        from mmyatt.step.run import print_summary
 
         run = Path(args.run)
         if not run.is_dir():
@@ -162,14 +162,14 @@ def dispatch(args) -> int:
             return 2
         print_summary(run)
         if args.html:
-            from mmyatt.report import write_report
+            from mmyatt.report.html import write_report
 
             print(f"[inspect] report written to {write_report(run, args.out)}")
         return 0
     if args.cmd == "demo":
-        from mmyatt.run import train
+        from mmyatt.step.run import train
 
-        config = Path(__file__).resolve().parent.parent / "configs" / "flow_nft_genrm_tiny.yaml"
+        config = Path(__file__).resolve().parents[2] / "configs" / "flow_nft_genrm_tiny.yaml"
         return train(str(config), args.overrides, args.run_dir)
     raise AssertionError(args.cmd)
 

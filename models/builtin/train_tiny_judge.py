@@ -40,7 +40,7 @@ from mmyatt.datasets.vision_tasks import (
     judge_training_mix,
     shape_records,
 )
-from mmyatt.lr_schedule import cosine_schedule
+from mmyatt.step.lr_schedule import cosine_schedule
 
 
 # --- judge evaluation ------------------------------------------------------------------
@@ -160,7 +160,7 @@ def train_judge(
     held-out combinations); the final test reports them separately.
 
     Recipe (one CPU thread is enough): a tiny Qwen2-VL of ``size``
-    (:func:`mmyatt.models.tiny_vlm.build_tiny_vlm`, seeded), AdamW at ``lr`` without
+    (:func:`mmyatt.models.builtin.tiny_vlm.build_tiny_vlm`, seeded), AdamW at ``lr`` without
     weight decay, gradient norm clipped to 1, batches of ``batch_size`` freshly drawn
     records with images of sides ``sizes``. A curriculum of three stages:
 
@@ -184,7 +184,7 @@ def train_judge(
     """
     import torch
 
-    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
     from mmyatt.models.vlm import VLMPolicy
 
     say = log or (lambda _msg: None)
@@ -317,7 +317,7 @@ def generator_samples(
 
     from mmyatt.datasets.shapes import shape_records as caption_records
     from mmyatt.models.flow import FlowPolicy
-    from mmyatt.models.protocol import Sampling, prompt_seed
+    from mmyatt.protocols import Sampling, prompt_seed
 
     policy = FlowPolicy.load(generator_dir)
     records = caption_records(n, seed, tuple(exclude))

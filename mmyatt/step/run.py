@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from mmyatt import builders
-from mmyatt.checkpoint import Checkpointer
-from mmyatt.config import ConfigError, RunConfig, dump_yaml, load_config
+from mmyatt.checkpoint.checkpointer import Checkpointer
+from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
 from mmyatt.placement.config import releases_judge
 from mmyatt.placement.devices import check_judge_devices, device_lines
+from mmyatt.step import builders
 
 
 def resolve_run_dir(cfg: RunConfig, run_dir: str | None) -> Path:
@@ -53,7 +53,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         )
         cfg = dataclasses.replace(cfg, model=model)
     if cfg.sft.enabled:
-        from mmyatt.sft import run_sft
+        from mmyatt.step.sft import run_sft
 
         out = run_dir / "sft_model"
         if (out / "config.json").exists():  # a resumed run keeps its warm start
@@ -182,7 +182,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
         dist = controller_dist(cfg, dist)
         mirror = dist.mirror
         torch.manual_seed(cfg.trainer.seed)
-        from mmyatt.controller import Controller
+        from mmyatt.step.controller import Controller
 
         ctl = Controller(
             cfg,
@@ -195,7 +195,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
         )
         profile_file = os.environ.get("MMYATT_STEP_PROFILE")  # set by `mmyatt bench text-grpo`
         if profile_file:
-            from mmyatt.step_profile import profile_controller
+            from mmyatt.step.profile import profile_controller
 
             profile_controller(ctl, rd / f"{profile_file}_rank{dist.rank}.json")
         loop(ctl, cfg, dist)
@@ -383,7 +383,7 @@ def write_samples(ctl, step: int) -> None:
     """Rank 0 shows its own share of the eval (no media crosses ranks)."""
     if not ctl.dist.is_main:
         return
-    from mmyatt.samples import save_samples
+    from mmyatt.outputs.samples import save_samples
 
     grid = save_samples(ctl.run_dir / "samples", step, ctl.eval_outputs)
     if grid is not None:
@@ -391,9 +391,9 @@ def write_samples(ctl, step: int) -> None:
 
 
 def save_plots(run_dir: Path) -> None:
-    """plots/rewards.png, reward_components.png, timings.png (mmyatt/plots.py). A figure
+    """plots/rewards.png, reward_components.png, timings.png (mmyatt/report/plots.py). A figure
     that cannot be drawn is reported, not raised: the run itself is finished."""
-    from mmyatt.plots import save_run_plots
+    from mmyatt.report.plots import save_run_plots
 
     try:
         paths = save_run_plots(run_dir)
@@ -424,7 +424,7 @@ def print_summary(run_dir: Path) -> dict:
     Also written to ``summary.json``: {"steps_done", "steps_planned", "cut_by_time",
     "placement": {mode: {"steps", "step_s"}} (placement metrics only),
     "metrics": {name: {"first", "last", "change"(, "ratio")}}}."""
-    from mmyatt.metrics import read_metrics
+    from mmyatt.outputs.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
@@ -464,7 +464,7 @@ def print_summary(run_dir: Path) -> dict:
     if train_rows:
         sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
         print(f"  mean samples/s {sps:.1f}")
-    from mmyatt.inspect import metrics_frame, placement_table  # the notebooks' view
+    from mmyatt.report.inspect import metrics_frame, placement_table  # the notebooks' view
 
     placed = placement_table(metrics_frame(rows))
     if not placed.empty:
@@ -489,7 +489,7 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
     rd = resolve_run_dir(cfg, run_dir)
     quiet_libraries()
     cfg = prepare_run(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, enabled=False)), rd)
-    from mmyatt.sft import run_sft
+    from mmyatt.step.sft import run_sft
 
     out = rd / "checkpoints" / "sft"
     result = run_sft(cfg, out)

@@ -32,7 +32,7 @@ from PIL import Image, ImageFilter
 from torch import nn
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES, draw_shape
-from mmyatt.lr_schedule import cosine_schedule
+from mmyatt.step.lr_schedule import cosine_schedule
 
 __all__ = [
     "ShapeCritic",
@@ -123,7 +123,7 @@ def load_shape_critic(path: str | Path) -> ShapeCritic:
 def augment_image(img: Image.Image, rng: np.random.Generator) -> Image.Image:
     """A random blur (half the time), a brightness change and Gaussian pixel noise: the
     soft edges and noise of generated images. The critic's training and the shape judge's
-    (``models/shape_judge.py``) both use it."""
+    (``models/builtin/train_shape_judge.py``) both use it."""
     if rng.random() < 0.5:
         img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 1.2))))
     a = np.asarray(img, dtype=np.float32)
@@ -194,7 +194,7 @@ def critic_vs_rule(generator_dir: str | Path, n: int = 192, seed: int = 60_000) 
     """Score ``n`` 20-step ODE samples of a flow model (random captions) with the critic
     and with ``prompt_alignment_rule``: their means, correlation and how often they give
     the same verdict at 0.5."""
-    from mmyatt.models.judge_training import generator_samples
+    from mmyatt.models.builtin.train_tiny_judge import generator_samples
     from mmyatt.rewards.image import prompt_alignment_rule, shape_critic
 
     samples = generator_samples(

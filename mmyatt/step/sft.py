@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from mmyatt import builders
-from mmyatt.config import ConfigError, RewardSpec, RunConfig
+from mmyatt.config.schema import ConfigError, RewardSpec, RunConfig
 from mmyatt.protocols import Sampling
+from mmyatt.step import builders
 
 
 def greedy_accuracy(policy, reward, records: list[dict], max_new_tokens: int) -> float:

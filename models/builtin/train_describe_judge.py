@@ -51,7 +51,7 @@ def _messages(record: dict) -> list[dict]:
 def _checkpoint_dir(path: str) -> str:
     """A VLM directory, or ``builtin:<name>`` for one shipped in models/builtin/."""
     if path.startswith("builtin:"):
-        return str(Path(__file__).resolve().parent / "builtin" / path.split(":", 1)[1])
+        return str(Path(__file__).resolve().parent / path.split(":", 1)[1])
     return path
 
 
@@ -221,10 +221,10 @@ def train_describe_judge(
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
 
-    from mmyatt.freeze import freeze_parameters
-    from mmyatt.lr_schedule import cosine_schedule
-    from mmyatt.models.judge_training import sft_step
+    from mmyatt.models.builtin.train_tiny_judge import sft_step
     from mmyatt.models.vlm import VLMPolicy
+    from mmyatt.step.freeze import freeze_parameters
+    from mmyatt.step.lr_schedule import cosine_schedule
 
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
@@ -316,7 +316,7 @@ def pair_table(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m mmyatt.models.describe_judge pairs JUDGE --split val|fold2|test``: the
+    """``python -m mmyatt.models.builtin.train_describe_judge pairs JUDGE --split val|fold2|test``: the
     judge's :func:`pair_table` on the split's held-out pairs, as JSON."""
     import argparse
     import json
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     from mmyatt.datasets.describe import VAL_FOLD2_PAIRS
     from mmyatt.models.vlm import VLMPolicy
 
-    p = argparse.ArgumentParser(prog="python -m mmyatt.models.describe_judge")
+    p = argparse.ArgumentParser(prog="python -m mmyatt.models.builtin.train_describe_judge")
     p.add_argument("command", choices=["pairs"])
     p.add_argument("judge", help="a judge directory or builtin:<name>")
     p.add_argument("--split", choices=["val", "fold2", "test"], default="val")

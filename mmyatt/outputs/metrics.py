@@ -45,7 +45,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
-        self.trackers = list(trackers or [])  # wandb / mlflow (mmyatt/trackers.py)
+        self.trackers = list(trackers or [])  # wandb / mlflow (mmyatt/outputs/trackers.py)
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if tensorboard:
@@ -110,7 +110,7 @@ class MetricsLogger:
         if not self.enabled or not rows:
             return
         if self._tb is not None:
-            from mmyatt.trackers import markdown_table
+            from mmyatt.outputs.trackers import markdown_table
 
             self._tb.add_text("rollouts", markdown_table(rows), step)
         for t in self.trackers:

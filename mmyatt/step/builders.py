@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from mmyatt.config import ModelConfig, RewardConfig, RunConfig
-from mmyatt.freeze import freeze_parameters
+from mmyatt.config.schema import ModelConfig, RewardConfig, RunConfig
+from mmyatt.step.freeze import freeze_parameters
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -86,7 +86,7 @@ def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
     recs = manifest.eval_records(5000)
     t0 = time.perf_counter()
     if cfg.model.kind == "vlm":
-        from mmyatt.models.tiny_vlm import build_tiny_vlm
+        from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 
         corpus = [f"{r['prompt']} {r.get('answer', '')}" for r in recs]
         path = build_tiny_vlm(
@@ -97,7 +97,7 @@ def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
             seed=cfg.trainer.seed,
         )
     else:
-        from mmyatt.models.tiny import build_tiny_text_model
+        from mmyatt.models.builtin.tiny import build_tiny_text_model
 
         corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
         path = build_tiny_text_model(

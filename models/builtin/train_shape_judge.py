@@ -1,6 +1,6 @@
 """Train the flow demo's built-in judge so that it reads colour and shape apart.
 
-A tiny Qwen2-VL (:func:`mmyatt.models.tiny_vlm.build_tiny_vlm`) is fine-tuned by SFT on
+A tiny Qwen2-VL (:func:`mmyatt.models.builtin.tiny_vlm.build_tiny_vlm`) is fine-tuned by SFT on
 three kinds of records (``mmyatt.datasets``):
 
 * the task's records of trained combinations (``vision_tasks``: colour / shape questions,
@@ -16,7 +16,7 @@ trained combinations, then the judge mix. The checkpoint is chosen on the **vali
 held-out combinations (``shapes.HELDOUT_VAL``: shown to no training record); the test
 combinations (``shapes.HELDOUT_TEST``) are scored once at the end.
 
-    python -m mmyatt.models.shape_judge OUT [--minutes 25]
+    python -m mmyatt.models.builtin.train_shape_judge OUT [--minutes 25]
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def classification_mix(
 def evaluate(policy, sets: dict[str, tuple[list[dict], list[dict]]]) -> dict[str, float]:
     """Per named set of (classification records, Yes/No records): colour / shape
     accuracy and the judge's accuracy, acceptance of correct claims and mean P(Yes)."""
-    from mmyatt.models import judge_training as jt
+    from mmyatt.models.builtin import train_tiny_judge as jt
 
     out: dict[str, float] = {}
     for name, (cls, yn) in sets.items():
@@ -149,16 +149,16 @@ def train_shape_judge(
     import torch
 
     from mmyatt.datasets.shapes import HELDOUT
-    from mmyatt.lr_schedule import cosine_schedule
-    from mmyatt.models.judge_training import sft_step
-    from mmyatt.models.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
+    from mmyatt.models.builtin.train_tiny_judge import sft_step
     from mmyatt.models.vlm import VLMPolicy
+    from mmyatt.step.lr_schedule import cosine_schedule
 
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
     work = Path(out_dir)
     from mmyatt.datasets.factored_shapes import corpus
-    from mmyatt.models.judge_training import _judge_corpus
+    from mmyatt.models.builtin.train_tiny_judge import _judge_corpus
 
     words = _judge_corpus() + (corpus() * 2 if named_fraction else [])
     build_tiny_vlm(work, arch="qwen2-vl", size=size, corpus=words, seed=seed)
@@ -187,7 +187,7 @@ def train_shape_judge(
             sizes=sizes,
         )
         if augment:  # soft edges and noise, as a generator's samples have
-            from mmyatt.models.shape_critic import augment_image
+            from mmyatt.models.builtin.critic import augment_image
 
             rng = np.random.default_rng([seed, step, 17])
             batch = [

@@ -1,6 +1,6 @@
 """How a step's samples are grouped and cut: group indices, the first groups of a
 batch, minibatches of whole groups. Plain functions of a rollout, shared by the
-controller (mmyatt/controller.py) and balanced placement (mmyatt/placement/runner.py)."""
+controller (mmyatt/step/controller.py) and balanced placement (mmyatt/placement/runner.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Experiment trackers next to metrics.jsonl: ``logging.trackers: [tensorboard, wandb, mlflow]``.
 
-Each tracker receives the same three things from :class:`~mmyatt.metrics.MetricsLogger`
+Each tracker receives the same three things from :class:`~mmyatt.outputs.metrics.MetricsLogger`
 on the main controller: scalars per logged step, eval sample grids (images, and the
 first clip as a filmstrip) and a table of the logged rollouts (the rows of
 ``rollouts/rank0.jsonl`` for that step, with the generated image when there is one).
@@ -42,7 +42,7 @@ class Tracker(Protocol):
 
 def check_trackers(logging_cfg) -> None:
     """Fail now, naming the install command, for a requested tracker that is missing."""
-    from mmyatt.config import ConfigError
+    from mmyatt.config.schema import ConfigError
 
     for name in logging_cfg.trackers:
         module = MODULES.get(name)
@@ -66,7 +66,7 @@ def build_trackers(cfg, run_dir: Path) -> list[Tracker]:
 
 def make_logger(cfg, run_dir: Path, enabled: bool):
     """The run's MetricsLogger with the trackers of ``logging.trackers`` (main rank only)."""
-    from mmyatt.metrics import MetricsLogger
+    from mmyatt.outputs.metrics import MetricsLogger
 
     tb = "tensorboard" in cfg.logging.trackers
     trackers = build_trackers(cfg, Path(run_dir)) if enabled else []
@@ -111,7 +111,7 @@ class WandbTracker:
     def __init__(self, cfg, run_dir: Path):
         import wandb
 
-        from mmyatt.config import to_dict
+        from mmyatt.config.schema import to_dict
 
         self.wandb = wandb
         self.run = wandb.init(
@@ -147,7 +147,7 @@ class MlflowTracker:
     def __init__(self, cfg, run_dir: Path):
         import mlflow
 
-        from mmyatt.config import to_dict
+        from mmyatt.config.schema import to_dict
 
         self.mlflow = mlflow
         uri = cfg.logging.mlflow_uri

@@ -38,7 +38,7 @@ Without the product planes, following the direction is a three-way interaction
 word and a colour channel. The built-in ``builtin:tiny_t2v`` is the snapshot after 3000
 of 6500 steps of::
 
-    python -m mmyatt.models.flow_pretrain OUT --kind wan-video --position-channels \
+    python -m mmyatt.models.builtin.pretrain_flow OUT --kind wan-video --position-channels \
         --text-lr-scale 0 --device cuda --batch-size 32 --steps 6500 --snapshots 1500,3000,4500
 
 (one H200, 2.6 min to step 3000; at the CPU's measured batch-16 step time that is
@@ -49,7 +49,7 @@ RL nothing to start from (BENCHMARKS.md, video demo). With the product planes bu
 text encoder trained jointly (4 or 6 layers, logit-normal or uniform t, batch 16 or 32,
 6.4 GPU minutes each) ``motion_direction`` stayed at 0.47-0.54.
 
-Run: ``python -m mmyatt.models.flow_pretrain OUT_DIR`` (see ``--help``).
+Run: ``python -m mmyatt.models.builtin.pretrain_flow OUT_DIR`` (see ``--help``).
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ from mmyatt.datasets.shapes import (
     moving_shape_clip,
     shape_records,
 )
-from mmyatt.lr_schedule import cosine_schedule
+from mmyatt.models.builtin.flow_tiny import build_tiny_flow_model
 from mmyatt.models.flow import FlowPolicy
-from mmyatt.models.flow_tiny import build_tiny_flow_model
-from mmyatt.models.protocol import Sampling, prompt_seed
+from mmyatt.protocols import Sampling, prompt_seed
+from mmyatt.step.lr_schedule import cosine_schedule
 
 __all__ = ["evaluate_alignment", "pretrain_flow", "shape_vocab"]
 

@@ -2,7 +2,7 @@
 the sampling settings of a training or an evaluation rollout, the reduced rollout
 metrics, the clipped policy-gradient loss terms of a minibatch (or of one of its
 micro-batches), and the micro-batch passes: as many micro-batches on every rank, no-grad
-log-probs over them, and the backward over them (mmyatt/controller.py calls them)."""
+log-probs over them, and the backward over them (mmyatt/step/controller.py calls them)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import math
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.batches import to_count, token_micro_batches
 from mmyatt.protocols import RolloutStats, Sampling
 from mmyatt.rollout import Rollout
+from mmyatt.step.batches import to_count, token_micro_batches
 
 
 def rollout_metrics(r: Rollout, dist, policy) -> dict[str, float]:

@@ -95,7 +95,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class NFTConfig:
-    """DiffusionNFT knobs (``algorithm.name: diffusion_nft``; math in mmyatt/nft.py)."""
+    """DiffusionNFT knobs (``algorithm.name: diffusion_nft``; math in mmyatt/algorithms/nft.py)."""
 
     beta: float = 1.0  # implicit policies v+- = v_old +- beta (v_theta - v_old); loss / beta
     reward_norm: Literal["advantage", "raw"] = "advantage"  # r = A / (2 adv_clip) + 1/2, or
@@ -298,7 +298,7 @@ class PlacementConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    """Trackers besides metrics.jsonl (mmyatt/trackers.py): scalars, eval sample grids and
+    """Trackers besides metrics.jsonl (mmyatt/outputs/trackers.py): scalars, eval sample grids and
     a table of logged rollouts. Each is optional; one requested but not installed fails
     at start with the command that installs it."""
 
@@ -574,7 +574,7 @@ def validate(cfg: RunConfig) -> None:
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
-    from mmyatt.trackers import check_trackers
+    from mmyatt.outputs.trackers import check_trackers
 
     check_trackers(cfg.logging)  # a requested tracker that is not installed: its pip command
     from mmyatt.engines import check_engines

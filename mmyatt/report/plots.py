@@ -3,7 +3,7 @@ and the notebooks: reward and eval curves, per-component rewards, phase timings,
 from the rollout log per-step reward histograms, the spread within prompt groups and
 the judge against the checks logged next to it.
 
-Every function takes the DataFrames of :func:`mmyatt.inspect.load_run` and returns a
+Every function takes the DataFrames of :func:`mmyatt.report.inspect.load_run` and returns a
 matplotlib ``Figure`` built without pyplot (no display, no global backend switch; a
 notebook shows it with ``display(fig)``); :func:`save_run_plots` writes the three run
 figures as PNG.
@@ -207,7 +207,7 @@ RUN_PLOTS = {
 
 def save_run_plots(run_dir: str | Path) -> list[Path]:
     """Write plots/rewards.png, plots/reward_components.png and plots/timings.png."""
-    from mmyatt.inspect import load_metrics
+    from mmyatt.report.inspect import load_metrics
 
     metrics = load_metrics(run_dir)
     out_dir = Path(run_dir) / "plots"

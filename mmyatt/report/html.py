@@ -8,7 +8,7 @@ their verdicts, the judge against every rule or critic logged next to it (scatte
 agreement, the samples where they disagree most), the first and last eval grids, and
 a table of every logged sample with all its rewards and verdicts.
 
-Reads only the run directory, through :func:`mmyatt.inspect.load_run`.
+Reads only the run directory, through :func:`mmyatt.report.inspect.load_run`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mmyatt import plots
-from mmyatt.inspect import Run, load_run
+from mmyatt.report import plots
+from mmyatt.report.inspect import Run, load_run
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;

@@ -6,11 +6,11 @@ computes advantages and takes optimizer steps whose gradients are summed over al
 controllers. Between controllers travel gradients, scalar metrics and counts only.
 
 What this file deliberately leaves out: process start-up, the run loop and run
-preparation (``mmyatt.run``, ``mmyatt.distributed``), config -> object building
-(``mmyatt.builders``), the math (``mmyatt.algorithms``), anything modality-specific
+preparation (``mmyatt.step.run``, ``mmyatt.distributed``), config -> object building
+(``mmyatt.step.builders``), the math (``mmyatt.algorithms``), anything modality-specific
 (the adapters in ``mmyatt.models``), who runs where and which records each call
-generates (``mmyatt.placement``), grouping (``mmyatt.batches``), and the sampling
-settings and rollout metrics (``mmyatt.step_parts``). Reading ``_step`` top to bottom is reading the
+generates (``mmyatt.placement``), grouping (``mmyatt.step.batches``), and the sampling
+settings and rollout metrics (``mmyatt.step.parts``). Reading ``_step`` top to bottom is reading the
 algorithm.
 
 Equivalence across world sizes: a prompt's samples come from a generator seeded by
@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from mmyatt import algorithms as alg
-from mmyatt.batches import first_groups, group_index
-from mmyatt.config import RunConfig
+from mmyatt.config.schema import RunConfig
 from mmyatt.distributed import Dist
-from mmyatt.lr_schedule import cosine_factor
-from mmyatt.metrics import MetricsLogger, PhaseTimer
+from mmyatt.outputs.metrics import MetricsLogger, PhaseTimer
+from mmyatt.outputs.rollout_log import truncate_rollouts, write_rollouts
+from mmyatt.outputs.trackers import make_logger
 from mmyatt.placement.dispatch import record_seed
 from mmyatt.protocols import (
     EMA,
@@ -47,8 +47,9 @@ from mmyatt.protocols import (
 )
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
-from mmyatt.rollout_log import truncate_rollouts, write_rollouts
-from mmyatt.step_parts import (
+from mmyatt.step.batches import first_groups, group_index
+from mmyatt.step.lr_schedule import cosine_factor
+from mmyatt.step.parts import (
     eval_sampling,
     in_micro_batches,
     micro_backward,
@@ -57,7 +58,6 @@ from mmyatt.step_parts import (
     rollout_metrics,
     train_sampling,
 )
-from mmyatt.trackers import make_logger
 
 
 class Controller:
@@ -78,8 +78,8 @@ class Controller:
         self.eval_records = eval_records
         self.logger = logger or make_logger(cfg, run_dir, enabled=dist.is_main)
         self.local_prompts = cfg.data.prompts_per_step // dist.world_size
-        from mmyatt.builders import build_nft
         from mmyatt.engines import build_engines
+        from mmyatt.step.builders import build_nft
 
         # DiffusionNFT's sampling policy and loss (models/flow_nft.py), else None; its
         # sampling copy is taken before an engine shards the transformer (a plain module)
@@ -426,7 +426,7 @@ class Controller:
     # ------------------------------------------------------------------ run state
     def shared_state(self) -> dict:
         """State identical on every controller: weights, optimizer, schedule, step, counters."""
-        from mmyatt.checkpoint import scheduler_state
+        from mmyatt.checkpoint.checkpointer import scheduler_state
 
         ema = self.policy.ema_state() if isinstance(self.policy, EMA) else None
         return {
@@ -441,14 +441,14 @@ class Controller:
 
     def local_state(self) -> dict:
         """This controller's own state: its data cursor and RNG streams."""
-        from mmyatt.checkpoint import rng_state
+        from mmyatt.checkpoint.checkpointer import rng_state
 
         local = {"cursor": self.shard.state_dict(), "rng": rng_state()}
         local.update(self.placement.state_dict())  # carried prompts, auto's measurements
         return local
 
     def load_state(self, shared: dict, local: dict) -> int:
-        from mmyatt.checkpoint import load_scheduler_state, set_rng_state
+        from mmyatt.checkpoint.checkpointer import load_scheduler_state, set_rng_state
 
         self.engine.load_model_state(self.policy, shared["model"])
         self.engine.load_optimizer_state(self.policy, self.optimizer, shared["optimizer"])
@@ -569,7 +569,7 @@ class Controller:
 
     # ------------------------------------------------------------------ metrics and helpers
     def _lr_factor(self, step: int) -> float:
-        """The shared schedule (mmyatt/lr_schedule.py): linear warm-up over
+        """The shared schedule (mmyatt/step/lr_schedule.py): linear warm-up over
         ``optim.warmup_steps``, then constant, or a cosine to 0 at ``trainer.steps``."""
         o, total = self.cfg.optim, max(self.cfg.trainer.steps, 1)
         floor = 0.0 if o.schedule == "cosine" else 1.0
@@ -590,7 +590,7 @@ class Controller:
         truncate_rollouts(self.run_dir, self.dist.rank, step)
 
     def save_rollouts(self, step: int, r: Rollout) -> None:
-        """The rollout log (mmyatt/rollout_log.py, docs/rollout_logs.md); rank 0's rows also
+        """The rollout log (mmyatt/outputs/rollout_log.py, docs/rollout_logs.md); rank 0's rows also
         go to the trackers' rollout table."""
         cap = self.cfg.trainer.rollouts_per_step
         rows = write_rollouts(self.run_dir, self.dist.rank, step, r, cap)
