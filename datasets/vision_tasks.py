@@ -9,7 +9,7 @@
   show a {colour} {shape}? Answer Yes or No." with half positives and the negatives split
   evenly between wrong colour, wrong shape and both wrong (``negative_type``), plus the
   classification questions mixed in: a judge trained on Yes/No alone never learns to
-  reject wrong shapes (ENVIRONMENT.md), one that also answers "what colour / shape"
+  reject wrong shapes, one that also answers "what colour / shape"
   does.
 
 Everything is deterministic in ``seed``; on disk a task is ``images/`` (or ``videos/``)

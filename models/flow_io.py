@@ -155,8 +155,8 @@ def load(cls, path: str | Path, **kwargs):
         return load_pipeline(cls, root, index, **kwargs)
     if cls_name not in (None, OWN_PIPELINE):
         raise NotImplementedError(
-            f"{index_file}: pipeline class {cls_name!r} is not supported by FlowPolicy yet "
-            f"(issue #3); supported: {sorted(PIPELINE_FAMILIES)} and {OWN_PIPELINE}"
+            f"{index_file}: pipeline class {cls_name!r} is not supported by FlowPolicy; "
+            f"supported: {sorted(PIPELINE_FAMILIES)} and {OWN_PIPELINE}"
         )
     for comp in COMPONENTS:
         if comp not in index:

@@ -83,7 +83,7 @@ _MODEL_LIBS = ("diffusers", "transformers")
 
 
 def _not_supported(what: str) -> NotImplementedError:
-    return NotImplementedError(f"{what} is not supported by FlowPolicy yet (issue #3)")
+    return NotImplementedError(f"{what} is not supported by FlowPolicy")
 
 
 def load_pipeline_components(

@@ -141,7 +141,8 @@ def group_sizes(prompt_ids: Sequence[str]) -> list[int]:
 def _pair_messages(reward, first: Any, second: Any, record: dict, index: int) -> list[dict]:
     if isinstance(first, str) or isinstance(second, str):
         raise NotImplementedError(
-            "issue 19: pairwise judging of text outputs is not implemented (images only)"
+            "pairwise judging of text outputs is not implemented (images only): use a "
+            "pointwise genrm mode (yes_prob, score) for text"
         )
     missing = sorted(f for f in reward.fields if f not in record)
     if missing:

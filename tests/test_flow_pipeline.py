@@ -384,14 +384,14 @@ def test_unsupported_pipelines_say_so(tmp_path):
     d = tmp_path / "xl"
     d.mkdir()
     (d / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
-    with pytest.raises(NotImplementedError, match="issue #3"):
+    with pytest.raises(NotImplementedError, match="not supported by FlowPolicy"):
         FlowPolicy.load(d)
     w = tmp_path / "wan22"
     shutil.copytree(_build("wan")[1], w)
     index = json.loads((w / "model_index.json").read_text())
     index["transformer_2"] = ["diffusers", "WanTransformer3DModel"]
     (w / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(NotImplementedError, match="issue #3"):
+    with pytest.raises(NotImplementedError, match="not supported by FlowPolicy"):
         FlowPolicy.load(w)
     s = tmp_path / "sched"
     shutil.copytree(_build("sd3")[1], s)

@@ -19,7 +19,7 @@ from mmyatt.placement.offload import PolicyOffload
     [
         (["placement.mode=partial"], "placement.mode=partial has none"),
         (["placement.mode=shared"], "placement.mode=shared has none"),
-        (["placement.mode=colocate", "train.backend=fsdp2"], "not implemented (issue 14)"),
+        (["placement.mode=colocate", "train.backend=fsdp2"], "not implemented; it"),
     ],
 )
 def test_settings_it_cannot_run_with_fail_before_start(overrides, why):

@@ -94,13 +94,13 @@ def check_engines(cfg) -> None:
         _require(cfg, "megatron", "train.backend=megatron")
     if t.backend == "fsdp2" and cfg.sampling.group_size < 2:
         raise ConfigError(
-            "train.backend=fsdp2 needs sampling.group_size >= 2 (issue 17: a one-row "
+            "train.backend=fsdp2 needs sampling.group_size >= 2 (a one-row "
             "sharded forward on one rank against more rows on another hangs FSDP2's "
             "backward here; minibatches hold whole groups)"
         )
     if t.backend == "fsdp2" and cfg.algorithm.name == "diffusion_nft" and t.cpu_offload:
         raise ConfigError(
-            "train.cpu_offload with algorithm.name=diffusion_nft is not implemented (issue 17: "
+            "train.cpu_offload with algorithm.name=diffusion_nft is not implemented ("
             "the sampling policy's EMA gathers each offloaded shard, untested on a GPU); "
             "drop train.cpu_offload"
         )
@@ -159,12 +159,12 @@ def _check_tensor_parallel(cfg) -> None:
     if cfg.rollout.backend != "hf":
         raise ConfigError(
             f"{key} with rollout.backend={cfg.rollout.backend} is not implemented "
-            "(issue 17: the vLLM engine's weight sync is not fed from a Megatron model split "
+            "(the vLLM engine's weight sync is not fed from a Megatron model split "
             "over a group of processes); use rollout.backend=hf"
         )
     if cfg.placement.balance:
         raise ConfigError(
-            f"{key} with placement.balance=true is not implemented (issue 17: the exchange "
+            f"{key} with placement.balance=true is not implemented (the exchange "
             "moves samples between processes of the whole process group, not between the "
             "data-parallel controllers that model-parallel groups form); set "
             "placement.balance=false"

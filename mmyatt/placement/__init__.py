@@ -4,5 +4,5 @@
 every core, the judge's weights dropped between its phases), ``partial`` (rollout and
 judge at once on split cores, groups streamed to the judge as they finish, training on
 every core) and ``auto`` (measures phase costs, predicts each mode's step time, picks).
-See DESIGN.md §4 and BENCHMARKS.md "Placement".
+See docs/placement.md and BENCHMARKS.md "Placement".
 """

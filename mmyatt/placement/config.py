@@ -189,8 +189,8 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         if cfg.train.backend != "replica":
             raise _error(
                 f"placement.offload_policy=true with train.backend={cfg.train.backend}: "
-                "moving a sharded policy off the device is not implemented (issue 14); it "
-                "moves a whole module (train.backend=replica)"
+                "moving a sharded policy off the device is not implemented; it "
+                "moves a whole module: use train.backend=replica"
             )
     if p.partial_release_judge and p.mode not in ("partial", "auto"):
         raise _error(
