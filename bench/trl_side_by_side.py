@@ -18,8 +18,7 @@ trained per second of step time (generation + reward + update). Ratios are mmyat
 samples/s over TRL's, per round (adjacent runs) and over all rounds.
 
     bash bench/trl_venv.sh                    # once: /tmp/mmyatt-trl-venv
-    flock /tmp/mmyatt-heavy.lock .venv/bin/python bench/trl_side_by_side.py \
-        --out bench/trl/side_by_side.json
+    .venv/bin/python bench/trl_side_by_side.py --out results/trl/side_by_side.json
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ def run_trl(python: str, model: Path, prompts: Path, steps: int, out: Path) -> d
 
 
 def run_mmyatt(model: Path, nproc: int, threads: int, steps: int, run_dir: Path) -> dict:
-    from mmyatt.bench import _merge_profiles, _train
+    from mmyatt.bench.runs import merge_profiles as _merge_profiles, train_run as _train
     from mmyatt.outputs.metrics import read_metrics
 
     overrides = [f"model.path={model}", f"distributed.nproc={nproc}"]
@@ -90,7 +89,7 @@ def run_mmyatt(model: Path, nproc: int, threads: int, steps: int, run_dir: Path)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "trl" / "side_by_side.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "trl" / "side_by_side.json"))
     ap.add_argument("--steps", type=int, default=8, help="steps per arm (the first is dropped)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup-rounds", type=int, default=0)
@@ -98,7 +97,7 @@ def main() -> None:
     a = ap.parse_args()
     if not Path(a.trl_python).exists():
         raise SystemExit(f"no TRL venv at {a.trl_python}: run `bash bench/trl_venv.sh` first")
-    from mmyatt.bench import _machine
+    from mmyatt.bench.runs import machine as _machine
 
     out: dict = {
         "benchmark": "trl-side-by-side",

@@ -5,6 +5,7 @@ from-outside checks fail when a kill did not land or a rerun did not resume."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -12,17 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from mmyatt import bench
-from mmyatt.bench import fault_runs
+from mmyatt.bench import fault_runs, registry
+from mmyatt.bench.text_grpo import TEXT_GRPO_ARMS
 from mmyatt.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_bench_names_and_files_match_the_committed_ones():
-    assert cli.BENCHES == bench.BENCHES
-    assert bench.bench_file("data-sharding") == "data_sharding.json"
-    files = {bench.bench_file(n) for n in bench.BENCHES}
+def test_every_bench_is_registered_once_and_has_its_committed_result():
+    files = {registry.bench_file(n) for n in registry.BENCHES}
     assert files == {
         "text_grpo.json",
         "flow_grpo.json",
@@ -34,34 +33,64 @@ def test_bench_names_and_files_match_the_committed_ones():
         "placement.json",
         "placement_sim.json",
     }
-    # the other committed JSON files are written by the side-by-side scripts in bench/
-    scripts = {"nft_vs_flow_grpo.json": "compare_flow_runs.py"}
-    assert all((ROOT / "bench" / s).exists() for s in scripts.values())
-    assert {p.name for p in (ROOT / "bench").glob("*.json")} <= files | set(scripts)
+    committed = {p.name for p in registry.RESULTS.glob("*.json")}
+    # every committed bench result belongs to a registered bench (engines is measured on a GPU)
+    assert committed <= files and files - committed <= {"engines.json"}
+    # every registered name resolves to a function that takes quick=
+    for target in registry.BENCHES.values():
+        module, function = target.split(":")
+        fn = getattr(importlib.import_module(module), function)
+        assert "quick" in inspect.signature(fn).parameters, target
+    # the CLI offers the registered benches and nothing else
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "nosuchbench", "--out", "x.json"])
+    assert stop.value.code == 2
+
+
+def test_a_result_records_its_revision_and_date(tmp_path):
+    out = registry.write_result({"benchmark": "x", "figure": 1.5}, tmp_path / "x.json")
+    got = json.loads(out.read_text())
+    assert got["benchmark"] == "x" and got["figure"] == 1.5
+    rev = got["measured_on"]["revision"]
+    assert rev == "unknown" or len(rev.split("+")[0]) == 40
+    assert got["measured_on"]["date"].startswith("20") and got["measured_on"]["date"].endswith("Z")
+
+
+def test_an_unknown_bench_names_the_valid_ones():
+    with pytest.raises(ValueError, match="choose one of text-grpo"):
+        registry.run_bench("nosuchbench")
 
 
 def test_bench_all_writes_one_file_per_bench(tmp_path, monkeypatch):
     ran = []
 
-    def fake(name, quick=False):
-        ran.append((name, quick))
+    def fake(name, quick=False, **kwargs):
+        ran.append((name, quick, kwargs))
         return {"benchmark": name}
 
-    monkeypatch.setattr(bench, "run_bench", fake)
+    monkeypatch.setattr(registry, "run_bench", fake)
     assert cli.main(["bench", "all", "--out", str(tmp_path / "out"), "--quick"]) == 0
-    assert ran == [(n, True) for n in bench.BENCHES]
-    for name in bench.BENCHES:
-        assert json.loads((tmp_path / "out" / bench.bench_file(name)).read_text()) == {
-            "benchmark": name
-        }
+    # placement-sim reads the placement figures this same invocation wrote
+    placement = tmp_path / "out" / "placement.json"
+    assert ran == [
+        (n, True, {"measured_path": placement} if n == "placement-sim" else {})
+        for n in registry.BENCHES
+    ]
+    for name in registry.BENCHES:
+        got = json.loads((tmp_path / "out" / registry.bench_file(name)).read_text())
+        assert got["benchmark"] == name and "measured_on" in got
     assert cli.main(["bench", "all", "--out", str(tmp_path / "x.json")]) == 2
     # one bench to one file still works
     assert cli.main(["bench", "genrm", "--out", str(tmp_path / "g.json")]) == 0
-    assert json.loads((tmp_path / "g.json").read_text()) == {"benchmark": "genrm"}
+    assert json.loads((tmp_path / "g.json").read_text())["benchmark"] == "genrm"
+    # without placement in the call, placement-sim reads the committed placement figures
+    ran.clear()
+    registry.run_all(tmp_path / "sim", quick=True, names=("placement-sim",))
+    assert ran == [("placement-sim", True, {"measured_path": registry.RESULTS / "placement.json"})]
 
 
 def test_text_grpo_has_the_one_controller_two_threads_arm():
-    arms = {label: (p, th) for label, p, th in bench.TEXT_GRPO_ARMS}
+    arms = {label: (p, th) for label, p, th in TEXT_GRPO_ARMS}
     assert arms == {"1proc": (1, 1), "1proc_2threads": (1, 2), "2proc": (2, 1)}
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from mmyatt.bench import _merge_profiles
+from mmyatt.bench.runs import merge_profiles
 from mmyatt.step.profile import StepProfile, instrument_common
 
 
@@ -75,9 +75,9 @@ def test_merge_profiles_averages_controllers():
             }
         }
 
-    m = _merge_profiles([rank(0.6, 0.4), rank(0.8, 0.2)])
+    m = merge_profiles([rank(0.6, 0.4), rank(0.8, 0.2)])
     assert m["controllers"] == 2 and m["step_s"] == pytest.approx(1.0)
     assert m["share"] == pytest.approx({"forward": 0.7, "other": 0.3})
     assert m["model_compute_share"] == pytest.approx(0.7)
     assert m["model_compute_share_per_controller"] == pytest.approx([0.6, 0.8])
-    assert _merge_profiles([]) == {}
+    assert merge_profiles([]) == {}

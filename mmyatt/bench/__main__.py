@@ -3,6 +3,6 @@
 import json
 import sys
 
-from mmyatt.bench import run_bench
+from mmyatt.bench.registry import run_bench
 
 print(json.dumps(run_bench(sys.argv[1]), indent=2))

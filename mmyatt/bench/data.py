@@ -34,6 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+import mmyatt.datasets.manifest  # noqa: F401
+import mmyatt.datasets.media  # noqa: F401
+from mmyatt.datasets.manifest import ShardedManifest
+from mmyatt.datasets.media import media_transform, write_video
+
 FPS, MAX_FRAMES = 8.0, 16  # every frame of a 16-frame clip at 8 fps is kept
 
 
@@ -63,8 +68,6 @@ def _bytes_held(records: list[dict]) -> int:
 
 
 def _reader(manifest: str, rank: int, world: int):
-    from mmyatt.datasets.manifest import ShardedManifest
-    from mmyatt.datasets.media import media_transform
 
     return ShardedManifest(
         [manifest],
@@ -80,8 +83,6 @@ def _imports() -> None:
     import torch
 
     torch.set_num_threads(1)
-    import mmyatt.datasets.manifest  # noqa: F401
-    import mmyatt.datasets.media  # noqa: F401
 
 
 def _idle(out: str) -> None:
@@ -164,8 +165,6 @@ def _write_manifest(
     """Smooth coloured images with a disc, and 16-frame clips of a moving gradient:
     compressible on disk, full-size once decoded."""
     from PIL import Image, ImageDraw
-
-    from mmyatt.datasets.media import write_video
 
     (root / "media").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

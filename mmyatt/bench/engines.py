@@ -28,9 +28,16 @@ from pathlib import Path
 
 import torch
 
+from mmyatt import algorithms as alg
+from mmyatt.bench.runs import machine
 from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
-from mmyatt.engines import available, build_engines
+from mmyatt.engines import available, build_engines, close_engines
+from mmyatt.models.builtin import tiny_vlm
+from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
+from mmyatt.models.text import TextPolicy
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.protocols import Sampling
 
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16
 
@@ -84,8 +91,6 @@ def build_text_model(out: Path, size: str, dtype: torch.dtype) -> Path:
     (no downloads; ids past the tokenizer are never sampled)."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
-
     tok = train_bpe_tokenizer(CORPUS, out, vocab_size=320)
     cfg = Qwen2Config(
         **QWEN25[size],
@@ -133,8 +138,6 @@ def run_arm(
     """``steps`` GRPO-shaped steps (generate, score-free random advantages, one update
     accumulated over micro-batches of ``micro_batch`` sequences) through
     ``build_engines``; medians over the steps after the first (warm-up)."""
-    from mmyatt import algorithms as alg
-    from mmyatt.protocols import Sampling
 
     cfg = load_config(None, overrides)
     if device.startswith("cuda"):
@@ -197,8 +200,6 @@ def run_arm(
             out[k.split("/")[1]] = statistics.median(vals)
     import torch.distributed as tdist
 
-    from mmyatt.engines import close_engines
-
     close_engines()  # a vLLM engine leaves before the process group it uses
     if tdist.is_initialized():  # the FSDP2 arm made a process group of one
         tdist.destroy_process_group()
@@ -206,8 +207,6 @@ def run_arm(
 
 
 def bench_engines(quick: bool = False, size: str | None = None) -> dict:
-    from mmyatt.bench import _machine
-    from mmyatt.models.text import TextPolicy
 
     cuda = torch.cuda.is_available()
     device = "cuda:0" if cuda else "cpu"
@@ -219,7 +218,7 @@ def bench_engines(quick: bool = False, size: str | None = None) -> dict:
     steps = 3
     out: dict = {
         "benchmark": "engines",
-        "machine": _machine(),
+        "machine": machine(),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "model": size,
         "prompts": prompts,
@@ -276,9 +275,6 @@ def bench_engines(quick: bool = False, size: str | None = None) -> dict:
 def bench_vlm(out: Path, cuda: bool, device: str, quick: bool) -> dict:
     """A VLM GRPO-shaped step with images: HF rollout + FSDP2 update."""
     from PIL import Image
-
-    from mmyatt.models.builtin import tiny_vlm
-    from mmyatt.models.vlm import VLMPolicy
 
     size = "small"
     if cuda:  # a 2B-shaped Qwen2-VL (this module's own size entry)

@@ -93,6 +93,10 @@ from mmyatt.bench.fault_runs import (
     landed_mid_step,
     resume_facts,
 )
+from mmyatt.datasets.manifest import ShardedManifest
+from mmyatt.datasets.vision_tasks import write_shape_task
+from mmyatt.models.builtin.tiny import build_tiny_text_model
+from mmyatt.rewards.judge_pool import check_health
 
 
 def _resumed_report(name, injected, landed, facts, rc, ref, run, resumed) -> dict:
@@ -236,7 +240,6 @@ def _kill_judges_after(tmp: Path, run: Path, job: list[str], step: int):
 
 def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
     """SIGKILL the judge server mid-run; the pool restarts it, clients retry."""
-    from mmyatt.rewards.judge_pool import check_health
 
     run = tmp / "judge_crash"
     proc, victims, url, facts = _kill_judges_after(tmp, run, job, 2)
@@ -305,7 +308,6 @@ def scenario_judge_gone(tmp: Path, ref: Path, job: list[str]) -> dict:
 def _media_task(root: Path, n_train: int = 120) -> tuple[Path, Path, dict[int, str]]:
     """The VLM image task with some images truncated, garbage or missing. Returns the
     manifests and {record index: what was done to its image}."""
-    from mmyatt.datasets.vision_tasks import write_shape_task
 
     p = write_shape_task(root, n_train=n_train, n_eval=16, seed=0)
     records = [json.loads(x) for x in p["train"].read_text().splitlines() if x.strip()]
@@ -327,7 +329,6 @@ def _media_task(root: Path, n_train: int = 120) -> tuple[Path, Path, dict[int, s
 def _expected_reads(train: Path, bad: set[int], steps: int, per_rank: int, world: int):
     """{step: records} the sharding rules give when bad records are passed over, and how
     many bad records that passes over (from ``owned_indices``, not the reading code)."""
-    from mmyatt.datasets.manifest import ShardedManifest
 
     out: dict[int, set[int]] = {}
     passed = 0
@@ -428,7 +429,6 @@ def bench_faults(quick: bool = False) -> dict:
             ]
         results = [s(tmp, ref) for s in scenarios]
         # the judge-backed job: its own reference
-        from mmyatt.models.builtin.tiny import build_tiny_text_model
 
         corpus = [f"Question: {a}+{b}=\nAnswer: {a + b}\n" for a in range(30) for b in range(10)]
         job = judge_job(build_tiny_text_model(tmp / "judge", size="qwen2-0.1m", corpus=corpus))

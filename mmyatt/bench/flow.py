@@ -25,7 +25,9 @@ import time
 import torch
 
 from mmyatt import algorithms as alg
+from mmyatt.models.flow import FlowPolicy
 from mmyatt.protocols import Sampling
+from mmyatt.step.builders import resolve_builtin
 from mmyatt.step.profile import StepProfile, instrument_common, instrument_flow_policy
 
 
@@ -47,8 +49,6 @@ def _iteration(policy, opt, prompts, group, sampling, seed) -> tuple[float, floa
 
 
 def bench_flow_grpo(quick: bool = False) -> dict:
-    from mmyatt.models.flow import FlowPolicy
-    from mmyatt.step.builders import resolve_builtin
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

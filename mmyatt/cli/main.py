@@ -8,19 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from mmyatt.bench import registry
 from mmyatt.config.schema import ConfigError
-
-BENCHES = (
-    "text-grpo",
-    "flow-grpo",
-    "checkpoint",
-    "faults",
-    "genrm",
-    "data-sharding",
-    "engines",
-    "placement",
-    "placement-sim",
-)  # = bench.BENCHES
 
 
 def _user_error(error: BaseException) -> str | None:
@@ -70,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("serve-genrm", help="serve a generative reward model (OpenAI API subset)")
     add_serve_arguments(g)
 
-    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCHES)}, or all of them")
-    b.add_argument("name", choices=(*BENCHES, "all"))
+    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(registry.BENCHES)}, or all of them")
+    b.add_argument("name", choices=(*registry.BENCHES, "all"))
     b.add_argument(
         "--out",
         required=True,
@@ -141,16 +130,16 @@ def dispatch(args) -> int:
 
         return cli_main(args)
     if args.cmd == "bench":
-        from mmyatt.bench import run_all, run_bench, write_result
-
         if args.name == "all":
             if Path(args.out).suffix == ".json":
-                print("mmyatt: bench all --out takes a folder, e.g. bench/", file=sys.stderr)
+                print(
+                    "mmyatt: bench all --out takes a folder, e.g. results/bench/", file=sys.stderr
+                )
                 return 2
-            run_all(args.out, quick=args.quick)
+            registry.run_all(args.out, quick=args.quick)
             return 0
-        result = run_bench(args.name, quick=args.quick)
-        write_result(result, args.out)
+        result = registry.run_bench(args.name, quick=args.quick)
+        registry.write_result(result, args.out)
         print(json.dumps(result, indent=2))
         return 0
     if args.cmd == "inspect":

@@ -45,6 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from mmyatt.bench.runs import CONFIGS, machine
+from mmyatt.config.schema import PlacementConfig
+from mmyatt.datasets.synthetic import write_jsonl
+from mmyatt.models.builtin.tiny import build_tiny_text_model
+from mmyatt.outputs.metrics import read_metrics
 from mmyatt.placement.bench_figures import (
     DRIFTING,
     MODES,
@@ -54,6 +59,7 @@ from mmyatt.placement.bench_figures import (
     balance_report,
     paired_ratio,
 )
+from mmyatt.placement.bench_memory import memory_arms
 
 JUDGE_TOKENS = 16
 # placement.judge_threads in every arm: 0 = one per core (the default until 2026-12-05,
@@ -120,8 +126,6 @@ DRIFT = {
 
 
 def _train(run_dir: Path, overrides: list[str]) -> None:
-    from mmyatt.bench import CONFIGS
-
     cmd = [sys.executable, "-m", "mmyatt", "train", str(CONFIGS / "text_grpo_tiny.yaml")]
     cmd += ["--run-dir", str(run_dir), *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -133,7 +137,6 @@ def _train(run_dir: Path, overrides: list[str]) -> None:
 
 
 def _rows(run_dir: Path, first: int = 1) -> list[dict]:
-    from mmyatt.outputs.metrics import read_metrics
 
     return [r for r in read_metrics(run_dir) if "timing/step_s" in r and r["step"] >= first]
 
@@ -235,7 +238,6 @@ WORKLOADS = (
 def _models(tmp: Path) -> tuple[Path, Path]:
     """The bench's policy and judge: two qwen2-1m models (random init, seeds 0 and 1) built
     under ``tmp``. The probe scripts in bench/ use the same pair."""
-    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     policy = build_tiny_text_model(tmp / "policy", size="qwen2-1m", corpus=CORPUS, seed=0)
     judge = build_tiny_text_model(tmp / "judge", size="qwen2-1m", corpus=CORPUS, seed=1)
@@ -317,8 +319,6 @@ def _balance_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> di
     micro-batches of at most MICRO_BATCH_TOKENS padded tokens."""
     import random
 
-    from mmyatt.datasets.synthetic import write_jsonl
-
     rng = random.Random(0)
     recs = []
     for i in range(400):
@@ -376,8 +376,6 @@ def bench_placement(
     ``overrides`` (``key=value``) go to every run after the bench's own settings: on a GPU
     machine, ``distributed.nproc=1 distributed.device=cuda`` (one controller, the judge on
     the same device)."""
-    from mmyatt.bench import _machine
-
     steps = steps or (3 if quick else 9)
     rounds = rounds or (1 if quick else 2)
     seg = 3 if quick else max(5, (steps + 1) // 2)  # drifting: steps per segment
@@ -385,7 +383,7 @@ def bench_placement(
     out.update(
         {
             "benchmark": "placement",
-            "machine": _machine(),
+            "machine": machine(),
             "cores": sorted(os.sched_getaffinity(0)),
             "controllers": int(
                 dict(o.split("=", 1) for o in overrides).get("distributed.nproc", 2)
@@ -416,8 +414,6 @@ def bench_placement(
                 _save(out, progress)
                 continue
             if wl == "judge_memory":
-                from mmyatt.placement.bench_memory import memory_arms
-
                 out["judge_memory"] = memory_arms(tmp, base, steps, rounds)
                 _save(out, progress)
                 continue
@@ -457,7 +453,6 @@ def bench_placement(
 
 
 def _partial_judge() -> dict:
-    from mmyatt.config.schema import PlacementConfig
 
     p = PlacementConfig()
     return {"widen_judge": p.widen_judge, "stream_max_samples": p.stream_max_samples}

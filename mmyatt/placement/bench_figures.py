@@ -8,6 +8,8 @@ import math
 import statistics
 from collections import Counter
 
+from mmyatt.placement.balance import CostWeights, imbalance, karmarkar_karp, sample_cost
+
 MODES = ("shared", "colocate", "partial", "auto")
 JUDGED = ("judge_heavy", "judge_comparable")  # the workloads with a GenRM judge
 DRIFTING = ("drifting", "drifting_judge")  # two segments each, the second resumed
@@ -184,8 +186,6 @@ def balance_report(P: int = 4, per: int = 32) -> dict:
     step: rank r's completions are r + 1 times longer, rank 3's samples carry 256 vision
     tokens each, and a flow step whose ranks train 2 to 8 denoising transitions."""
     import random
-
-    from mmyatt.placement.balance import CostWeights, imbalance, karmarkar_karp, sample_cost
 
     rng = random.Random(0)
     w = CostWeights(text_token=1.0, vision_token=1.0, transition=100.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.placement import bench
 from mmyatt.placement.bench_figures import _combine, paired_ratio
 
@@ -30,8 +31,6 @@ def big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     its weights. Returns the directory and the parameter count."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from mmyatt.models.builtin.tiny import build_tiny_text_model
 
     out = build_tiny_text_model(out_dir, size="qwen2-1m", corpus=bench.CORPUS, seed=seed)
     d = Qwen2Config.from_pretrained(out).to_dict()

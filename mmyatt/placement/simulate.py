@@ -29,6 +29,9 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mmyatt.bench.registry import RESULTS
+from mmyatt.bench.runs import machine
+
 
 @dataclass
 class Profile:
@@ -207,13 +210,11 @@ def calibrate(
 
 
 def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = None) -> dict:
-    from mmyatt.bench import _machine
-
-    path = Path(measured_path or Path(__file__).resolve().parents[2] / "bench" / "placement.json")
+    path = Path(measured_path or RESULTS / "placement.json")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: run `mmyatt bench placement --out {path}` first")
     measured = json.loads(path.read_text())
-    out: dict = {"benchmark": "placement-sim", "machine": _machine(), "measured": str(path)}
+    out: dict = {"benchmark": "placement-sim", "machine": machine(), "measured": str(path)}
     rows = []
     controllers = int(measured.get("controllers", 2))  # the bench's --set distributed.nproc
     for wl in ("judge_heavy", "judge_comparable", "rollout_heavy"):
