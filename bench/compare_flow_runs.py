@@ -1,6 +1,6 @@
 """Compare finished flow runs side by side: held-out reward against wall time.
 
-    python bench/compare_flow_runs.py RUN_DIR [RUN_DIR ...] --out bench/NAME
+    python bench/compare_flow_runs.py RUN_DIR [RUN_DIR ...] --out results/recipes/NAME
 
 For each run: every eval's held-out and seen rule reward, the independent critic, the
 background texture (ratio to the run's step-0 eval) and the wall time at which that eval

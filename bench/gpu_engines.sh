@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The engine checks for a lent GPU (one H200): `pytest -m gpu` on the engines and
+# The engine checks on a GPU machine (one H200): `pytest -m gpu` on the engines and
 # `mmyatt bench engines` (Qwen2.5-0.5B config, random weights; a 2B-shaped Qwen2-VL step
 # with images). About 6-9 minutes; run from the repository root:
-#     bash bench/gpu_engines.sh            # results in $OUT (device tool) or bench_out/
-# The device image has torch, transformers, peft, accelerate but not megatron-core,
-# diffusers or vllm: carry wheels in .whl/ (docs/engines.md says how); without vllm the
+#     bash bench/gpu_engines.sh            # results in $OUT, or bench_out/ when OUT is unset
+# Where the machine has torch, transformers, peft, accelerate but not megatron-core,
+# diffusers or vllm, put their wheels in .whl/ (docs/engines.md says how); without vllm the
 # vLLM arms are reported as skipped, with the reason.
 set -uo pipefail
 source bench/gpu_env.sh

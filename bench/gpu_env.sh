@@ -1,6 +1,6 @@
-# Sourced by the GPU scripts (bench/gpu_engines.sh, bench/gpu_checks.sh) on a lent GPU
-# machine: the carried wheels in .whl/ (packages the image lacks), then mmyatt itself.
-# Sets OUT (the device tool's output folder, or bench_out/) and PYTHONPATH.
+# Sourced by the GPU scripts (bench/gpu_engines.sh, bench/gpu_checks.sh) on a GPU
+# machine: the wheels in .whl/ (packages the machine lacks), then mmyatt itself.
+# Sets OUT (the output folder: OUT if set, else bench_out/) and PYTHONPATH.
 OUT=${OUT:-bench_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
