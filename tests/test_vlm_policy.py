@@ -111,7 +111,7 @@ def test_load_missing_files_names_path(tmp_path):
 # --- media and prompts ------------------------------------------------------------------
 def test_56px_image_is_four_tokens(policy):
     assert policy.image_token_count(square("red")) == 4
-    prep = policy._prepare({"prompt": "What colour?", "image": square("red")}, 0)
+    prep = policy.prepare({"prompt": "What colour?", "image": square("red")}, 0)
     ids = torch.tensor(prep["ids"])
     assert int((ids == policy.image_token_id).sum()) == 4
     assert prep["media"]["pixel_values"].shape == (16, 3 * 2 * 14 * 14)
@@ -120,7 +120,7 @@ def test_56px_image_is_four_tokens(policy):
 def test_still_video_matches_image_pixels(policy):
     frames = np.stack([np.asarray(square("red"))] * 2)
     video, grid = policy._video_inputs(frames)
-    image = policy._prepare({"prompt": "x", "image": square("red")}, 0)["media"]["pixel_values"]
+    image = policy.prepare({"prompt": "x", "image": square("red")}, 0)["media"]["pixel_values"]
     assert grid.tolist() == [[1, 4, 4]]
     assert torch.allclose(video, image, atol=1e-5)
 
@@ -242,7 +242,10 @@ def test_generate_text_seeded(policy):
     assert a == b and isinstance(a[0][0], str)
     assert 1 <= len(a[0][1]) <= 5 and all(lp <= 0 for lp in a[0][1])
     greedy = policy.generate_text(messages, max_new_tokens=5, temperature=0.0, seeds=[0])
-    assert len(greedy) == 1
+    # greedy ignores the seed, and each taken token's log-prob is at most 0
+    assert greedy == policy.generate_text(messages, max_new_tokens=5, temperature=0.0, seeds=[9])
+    assert len(greedy) == 1 and isinstance(greedy[0][0], str)
+    assert 1 <= len(greedy[0][1]) <= 5 and all(lp <= 0 for lp in greedy[0][1])
 
 
 # --- the built-in judge -----------------------------------------------------------------
