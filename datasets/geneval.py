@@ -156,7 +156,7 @@ def judge_questions(kind: str, objects: list[dict], relation: str | None) -> lis
     of this prompt (GenRM ``mode: vqa``, combined by product).
 
     >>> judge_questions("counting", [_obj("red", "circle", 3)], None)
-    [('How many red circles? Answer with a number.', '3'), ('Is there a red circle?', 'Yes')]
+    [('How many red circles?', '3'), ('Is there a red circle?', 'Yes')]
     """
     a = objects[0]
     if kind == "single":
@@ -186,7 +186,7 @@ def judge_questions(kind: str, objects: list[dict], relation: str | None) -> lis
     ]
 
 
-COUNT_QUESTION = "How many {colour} {shapes}? Answer with a number."
+COUNT_QUESTION = "How many {colour} {shapes}?"
 POSITION_QUESTION = "Is the {a} {relation} the {b}?"
 
 
@@ -195,7 +195,7 @@ def _name(o: dict) -> str:
 
 
 def make_record(kind: str, combo: tuple, rid: str, split: str | None = None) -> dict:
-    """A prompt record: "prompt", "kind", "combo", the scene spec ("objects",
+    """A prompt record: "prompt", "kind" (and "task", the same), "combo", the scene spec ("objects",
     "relation"), "colour" and "shape" of the first object (what the one-object rules
     read), the judge's questions "q1", "a1", "q2", "a2", "id" (and "split")."""
     prompt, objects, relation = _prompt(kind, combo)
@@ -203,6 +203,7 @@ def make_record(kind: str, combo: tuple, rid: str, split: str | None = None) -> 
     rec = {
         "prompt": prompt,
         "kind": kind,
+        "task": kind,  # eval figures per kind (eval/heldout/<kind>/reward/...)
         "combo": list(combo),
         "objects": objects,
         "relation": relation,
@@ -511,9 +512,35 @@ def _question(task: str, objs: list[dict], g: np.random.Generator) -> dict | Non
     return {"prompt": prompt, "answer": answer}
 
 
+def heldout_judge_records(n: int, *, seed: int, split: str, size: int = IMAGE_SIZE) -> list[dict]:
+    """Judge records about scenes drawn for ``split``'s held-out prompts (to choose a
+    judge on, "val", or report it, "test"; never to train one): the prompt's own two
+    questions (answered as the prompt asks, which the drawing fulfils) alternating with a
+    question of ``judge_records``' kinds answered from the drawing."""
+    g = np.random.default_rng([seed, 55])
+    prompts = geneval_records(max(n, 50), seed, heldout=split)
+    tasks = ("count", "there", "colour", "position")
+    out: list[dict] = []
+    i = 0
+    while len(out) < n:
+        rec = prompts[i % len(prompts)]
+        image, objs = draw_scene(rec, size=size, rng=g)
+        if i % 2 == 0:
+            k = (i // 2) % 2 + 1
+            q = {"prompt": rec[f"q{k}"], "answer": rec[f"a{k}"]}
+            task = f"prompt_{rec['kind']}"
+        else:
+            task = tasks[(i // 2) % len(tasks)]
+            q = _question(task, objs, g)
+        i += 1
+        if q is not None:
+            out.append({"id": f"gh{split}{seed}-{len(out)}", "image": image, "task": task, **q})
+    return out
+
+
 def judge_corpus() -> list[str]:
     """Every question and answer word the judge sees (its tokenizer corpus)."""
-    texts = ["Yes", "No", *COLOURS, *SHAPES, *map(str, range(5))]
+    texts = ["Yes", "No", *COLOURS, *SHAPES, *map(str, range(5))]  # answers
     texts += [COUNT_QUESTION.format(colour=c, shapes=_plural(s)) for c in COLOURS for s in SHAPES]
     texts += [f"Is there a {c} {s}?" for c in COLOURS for s in SHAPES]
     texts += [f"What colour is the {s}?" for s in SHAPES]

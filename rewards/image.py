@@ -33,6 +33,8 @@ __all__ = [
     "classify_shape",
     "colour_match",
     "foreground_mask",
+    "geneval_check",
+    "geneval_rule",
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "latent_brightness",
@@ -416,7 +418,28 @@ def latent_brightness(output: Any, record: dict | None = None) -> float:
     return float(((output.float().mean() + 1.0) / 2.0).clamp(0.0, 1.0))
 
 
+# --- the tiny GenEval (rewards/geneval_check.py), imported on first use --------------------
+def geneval_check(output: Output, record: dict) -> float:
+    """The tiny GenEval's independent checker: 1.0 if the image shows what the prompt asks
+    (objects by colour, their count, shape and relation), else 0.0. Trained on nothing;
+    log it with weight 0 (``mmyatt.rewards.geneval_check``)."""
+    from mmyatt.rewards.geneval_check import geneval_check as check
+
+    return check(output, record)
+
+
+def geneval_rule(output: Output, record: dict) -> float:
+    """``prompt_alignment_rule`` read on a tiny GenEval prompt's first object: colour x
+    shape of the dominant blob (the shape alone where the prompt names no colour). The
+    one-object rule, logged beside the checker for comparison."""
+    if record.get("colour") in COLOURS:
+        return prompt_alignment_rule(output, record)
+    return shape_match(output, record)
+
+
 IMAGE_REWARDS: dict[str, Callable[..., float]] = {
+    "geneval_check": geneval_check,
+    "geneval_rule": geneval_rule,
     "latent_brightness": latent_brightness,
     "shape_critic": shape_critic,
     "jpeg_compressibility": jpeg_compressibility,

@@ -257,3 +257,29 @@ def test_judge_questions_of_each_kind():
         "What colour is the square?",
         "blue",
     )
+
+
+def test_rewards_are_registered_by_name():
+    from mmyatt.rewards.rules import resolve_reward
+
+    check, rule = resolve_reward("geneval_check"), resolve_reward("geneval_rule")
+    img, d = _canvas()
+    _circle(d, "red", 12, 24, 7)
+    _square(d, "blue", 36, 24, 7)
+    for prompt, want in (
+        ("a circle and a square", 1.0),
+        ("a red circle left of a blue square", 1.0),
+    ):
+        rec = ge.make_record(gc.parse_prompt(prompt)["kind"], _combo(prompt), "r")
+        assert rec["prompt"] == prompt
+        assert check(img, rec) == want
+        assert 0.0 <= rule(img, rec) <= 1.0  # the one-object rule reads the first object
+
+
+def _combo(prompt: str) -> tuple:
+    p = gc.parse_prompt(prompt)
+    a, *rest = p["objects"]
+    if p["kind"] == "two_objects":
+        return (a["shape"], rest[0]["shape"])
+    b = rest[0]
+    return (a["colour"], a["shape"], p["relation"], b["colour"], b["shape"])

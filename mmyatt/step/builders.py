@@ -220,10 +220,16 @@ def _writer_kwargs(cfg: RunConfig, task: str) -> dict:
 def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
     task = spec.split(":", 1)[1]
     writer_kwargs = _writer_kwargs(cfg, task)
-    if cfg.data.eval_split == "val" and task not in ("shapes_t2i", "motion_t2v", "describe"):
+    if cfg.data.eval_split == "val" and task not in (
+        "shapes_t2i",
+        "motion_t2v",
+        "geneval_t2i",
+        "describe",
+    ):
         raise ValueError(
             f"data.eval_split=val: synthetic:{task} has no validation split "
-            "(shapes_t2i and motion_t2v do); point data.eval at your own validation file"
+            "(shapes_t2i, motion_t2v and geneval_t2i do); point data.eval at your own "
+            "validation file"
         )
     if task == "arithmetic":
         from mmyatt.datasets.synthetic import write_arithmetic_task
@@ -279,7 +285,17 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             video=task == "motion_t2v",
         )
         return p["train"], p[cfg.data.eval_split]
+    if task == "geneval_t2i":
+        from mmyatt.datasets.geneval import write_geneval_task
+
+        p = write_geneval_task(
+            out_dir,
+            n_train=cfg.data.synthetic_train_size,
+            n_eval=cfg.data.synthetic_eval_size,
+            seed=cfg.trainer.seed,
+        )
+        return p["train"], p[cfg.data.eval_split]
     raise ValueError(
         f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
-        "describe, shapes_t2i, motion_t2v"
+        "describe, shapes_t2i, motion_t2v, geneval_t2i"
     )

@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmyatt.datasets.geneval import vocab as geneval_vocab
 from mmyatt.datasets.shapes import (
     COLOURS,
     DIRECTIONS,
@@ -76,7 +77,7 @@ from mmyatt.models.flow import FlowPolicy
 from mmyatt.protocols import Sampling, prompt_seed
 from mmyatt.step.lr_schedule import cosine_schedule
 
-__all__ = ["evaluate_alignment", "pretrain_flow", "shape_vocab"]
+__all__ = ["evaluate_alignment", "evaluate_geneval", "pretrain_flow", "shape_vocab"]
 
 
 def shape_vocab() -> list[str]:
@@ -86,6 +87,14 @@ def shape_vocab() -> list[str]:
 
 def _batch(kind: str, n: int, size: int, num_frames: int, rng: np.random.Generator) -> list[dict]:
     seed = int(rng.integers(2**31))
+    if kind == "geneval":  # the tiny GenEval's drawn scenes, its five kinds shuffled
+        from mmyatt.datasets.geneval import draw_scene, geneval_records
+
+        recs = geneval_records(n, seed)
+        recs = [recs[i] for i in rng.permutation(n)]
+        for r in recs:
+            r["image"], _ = draw_scene(r, size=size, rng=rng)
+        return recs
     if kind == "wan-video":
         recs = motion_records(n, seed)
         for r in recs:
@@ -140,6 +149,39 @@ def evaluate_alignment(
     return {k: float(np.mean(v)) for k, v in scores.items()}
 
 
+def evaluate_geneval(
+    policy: FlowPolicy,
+    *,
+    split: str = "val",
+    n: int = 80,
+    seed: int = 0,
+    denoise_steps: int = 20,
+    batch: int = 16,
+) -> dict[str, dict]:
+    """ODE (greedy) samples for ``n`` prompts of ``split``'s held-out combinations of the
+    tiny GenEval and ``n // 2`` trained ones ("val" to choose, "test" to report); the
+    independent checker's accuracy per kind: {"heldout": {...}, "seen": {...}}."""
+    from mmyatt.datasets.geneval import geneval_records
+    from mmyatt.rewards.geneval_check import accuracy_by_kind, geneval_check
+
+    sets = {
+        "heldout": geneval_records(n, seed + 101, heldout=split),
+        "seen": geneval_records(n // 2, seed + 102),
+    }
+    sampling = Sampling(denoise_steps=denoise_steps, greedy=True)
+    out = {}
+    with torch.no_grad():
+        for name, recs in sets.items():
+            verdicts = []
+            for i in range(0, len(recs), batch):
+                chunk = recs[i : i + batch]
+                seeds = [prompt_seed(seed, r["id"]) for r in chunk]
+                images = policy.generate(chunk, 1, sampling, seeds).outputs
+                verdicts += [geneval_check(o, r) for o, r in zip(images, chunk)]
+            out[name] = accuracy_by_kind(recs, verdicts)
+    return out
+
+
 def pretrain_flow(
     out_dir: str | Path,
     *,
@@ -166,6 +208,7 @@ def pretrain_flow(
     text_lr_scale: float = 1.0,
     position_channels: bool = False,
     snapshots: tuple[int, ...] = (),
+    task: str = "shapes",
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -184,7 +227,10 @@ def pretrain_flow(
     0 freezes it at its random init. ``position_channels`` (wan-video only): the
     transformer also reads frame/row/column planes and their frame products
     (``FlowPolicy``). ``snapshots``: after each of these step counts the pipeline is also
-    saved to ``out_dir/step{N}`` (to pick a base with room left for RL).
+    saved to ``out_dir/step{N}`` (to pick a base with room left for RL). ``task``
+    "geneval": the tiny GenEval's scenes (``datasets/geneval.py``) and vocabulary instead
+    of single shapes; its evaluation is the independent checker on the validation split
+    (``evaluate_geneval``, once, at CFG 1) instead of the shape rules.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -215,6 +261,7 @@ def pretrain_flow(
             text_lr_scale=text_lr_scale,
             position_channels=position_channels,
             snapshots=tuple(snapshots),
+            task=task,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -245,13 +292,14 @@ def _train(
     text_lr_scale,
     position_channels,
     snapshots,
+    task="shapes",
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
     build_tiny_flow_model(
         out,
         kind=kind,
-        vocab=shape_vocab(),
+        vocab=shape_vocab() if task == "shapes" else geneval_vocab(),
         seed=seed,
         image_size=image_size,
         num_frames=num_frames,
@@ -292,7 +340,9 @@ def _train(
         if max_minutes is not None and time.time() - t_train > 60 * max_minutes:
             print(f"stopping at step {step}: max_minutes {max_minutes} reached", flush=True)
             break
-        batch = _batch(kind, batch_size, policy.image_size, num_frames, rng)
+        batch = _batch(
+            kind if task == "shapes" else task, batch_size, policy.image_size, num_frames, rng
+        )
         loss = policy.sft_loss(batch, t_dist=t_dist, generator=gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -318,6 +368,10 @@ def _train(
     policy.text_encoder.to("cpu")
     policy.save(str(out))
     evals = {}
+    if task == "geneval":
+        evals["geneval_val"] = evaluate_geneval(policy, denoise_steps=eval_steps)
+        print(f"eval geneval (validation): {json.dumps(evals['geneval_val'])}")
+        eval_guidance = ()
     for g in eval_guidance:
         evals[f"cfg{g}"] = evaluate_alignment(
             policy, n=eval_samples, denoise_steps=eval_steps, guidance_scale=g
@@ -325,6 +379,7 @@ def _train(
         print(f"eval cfg {g}: " + ", ".join(f"{k} {v:.3f}" for k, v in evals[f"cfg{g}"].items()))
     metrics = {
         "kind": kind,
+        "task": task,
         "steps": steps,
         "steps_done": done,
         "text_lr_scale": text_lr_scale,
@@ -355,6 +410,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--kind", default="sd3-image", choices=["sd3-image", "flux-image", "wan-video"])
+    ap.add_argument(
+        "--task",
+        default="shapes",
+        choices=["shapes", "geneval"],
+        help="what to draw: one shape per image, or the tiny GenEval's scenes",
+    )
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -404,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         text_lr_scale=a.text_lr_scale,
         position_channels=a.position_channels,
         snapshots=tuple(int(x) for x in a.snapshots.split(",") if x.strip()),
+        task=a.task,
     )
     print(json.dumps(m, indent=2))
 

@@ -1,0 +1,95 @@
+"""Summarise finished tiny-GenEval runs (configs/flow_*_geneval_tiny.yaml): first and last
+eval of each run, then mean and spread over the runs (seeds) of one recipe.
+
+    python bench/geneval_runs.py RUN_DIR [RUN_DIR ...] --out results/geneval/NAME.json
+
+Per run, at the first eval (step 0, the base model) and the last: the judged reward on the
+held-out prompts (``genrm``), the independent checker (``geneval_check``) on held-out
+prompts overall and per kind and on seen ones, the one-object rule (``geneval_rule``),
+and the background texture as a ratio to the run's step-0 figure. The split is whatever
+the runs evaluated (``data.eval_split``, read from each run's config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+KINDS = ("single", "counting", "two_objects", "colour_attr", "position")
+
+
+def _figures(row: dict, base_bg: float) -> dict:
+    out = {
+        "judged_heldout": row.get("eval/heldout/reward/genrm"),
+        "checker_heldout": row.get("eval/heldout/reward/geneval_check"),
+        "checker_seen": row.get("eval/seen/reward/geneval_check"),
+        "rule_heldout": row.get("eval/heldout/reward/geneval_rule"),
+        "background_ratio": row["eval/quality/background_hf"] / base_bg,
+    }
+    for kind in KINDS:
+        out[f"checker_heldout_{kind}"] = row.get(f"eval/heldout/{kind}/reward/geneval_check")
+    return out
+
+
+def read_run(run: Path) -> dict:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = {r["step"]: r for r in rows if "eval/reward/mean" in r}  # a step's last row wins
+    first, last = evals[min(evals)], evals[max(evals)]
+    base_bg = first["eval/quality/background_hf"]
+    summary = json.loads((run / "summary.json").read_text())
+    split = "test"
+    cfg = run / "config.yaml"
+    if cfg.exists() and "eval_split: val" in cfg.read_text():
+        split = "val"
+    return {
+        "run": run.name,
+        "split": split,
+        "seed": summary.get("seed"),
+        "steps_done": summary.get("steps_done"),
+        "steps_planned": summary.get("steps_planned"),
+        "first_step": min(evals),
+        "last_step": max(evals),
+        "first": _figures(first, base_bg),
+        "last": _figures(last, base_bg),
+    }
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Mean, standard deviation, min and max over runs of each first / last / gain figure."""
+    out: dict = {}
+    for key in runs[0]["first"]:
+        for name, vals in (
+            ("first", [r["first"][key] for r in runs]),
+            ("last", [r["last"][key] for r in runs]),
+            ("gain", [r["last"][key] - r["first"][key] for r in runs]),
+        ):
+            v = [x for x in vals if x is not None]
+            if v:
+                out[f"{key}/{name}"] = {
+                    "mean": round(float(np.mean(v)), 4),
+                    "std": round(float(np.std(v)), 4),
+                    "min": round(float(np.min(v)), 4),
+                    "max": round(float(np.max(v)), 4),
+                }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    runs = [read_run(r) for r in a.runs]
+    result = {"n_runs": len(runs), "summary": aggregate(runs), "runs": runs}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    for k in ("checker_heldout", "judged_heldout", "background_ratio"):
+        s = result["summary"]
+        print(k, "first", s[f"{k}/first"], "last", s[f"{k}/last"])
+
+
+if __name__ == "__main__":
+    main()
