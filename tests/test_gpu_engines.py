@@ -2,7 +2,7 @@
 
 MMYATT_TEST_DEVICE=cpu runs the same checks on the CPU (a dry run: the CUDA-only
 figures, MFU and device memory, are then absent and not asserted). bench/gpu_engines.sh
-runs this file and `mmyatt bench engines` on a lent GPU.
+runs this file and `mmyatt bench engines` on a GPU machine.
 """
 
 from __future__ import annotations
