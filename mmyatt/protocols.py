@@ -1,19 +1,36 @@
-"""The boundary between the engine and a modality adapter, owned by the engine.
+"""The boundaries of the engine, written down: what it calls on a policy, a reward, a
+training engine and a placement, owned by the engine.
 
 Adapters do single-device math: sample, score log-probs, expose the module to
 optimise, save in Hugging Face layout. They never see optimizers, process groups or
 config objects; builders in the engine turn config into constructor arguments.
 
 Every adapter implements :class:`Policy` in full. What only some adapters can do is a
-capability of its own, a separate protocol the engine checks with ``isinstance``:
+capability of its own, a separate protocol the engine checks with :func:`capable` (an
+``isinstance`` on the adapter under any engine wrapper, see :func:`adapter_of`):
 
+* :class:`TokenPolicy`: tokens: the tokenizer, pad/EOS ids, banned ids, prompt encoding
+  and tempering (text and VLM adapters; a vLLM rollout engine samples with them);
+* :class:`MediaPrompts`: prompts that hold images or video, and their vision features
+  (VLM adapters);
 * :class:`ReferenceKL`: a frozen reference and its log-probs (the k1/k2/k3 KL penalty);
 * :class:`ClosedFormKL`: the KL of Gaussian transitions from their means (flow models);
 * :class:`EMA`: an exponential moving average of the trained weights (flow models);
 * :class:`LatentOutputs`: outputs left as latents for rewards that read them (flow models);
+* :class:`FlowVelocity`: the velocity field and the noise draw DiffusionNFT trains on;
+* :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``;
 * :class:`RolloutStats`: per-step metrics of a rollout engine (vLLM rollouts);
-* :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``.
+* :class:`WholeWeights`: whole, Hugging Face-named weights of a policy whose module is
+  split (a Megatron model);
+* :class:`PolicyWrapper`: an engine's policy over an adapter (``inner``).
 
+The engine side: :class:`Reward` (rules, judges and mixtures alike), :class:`Engine`
+(who trains: replica, FSDP2, Megatron-core) with :class:`LockstepEngine` for engines
+whose every pass is a collective, and :class:`Placement` (who holds which devices
+when, called with plain data).
+
+Left out on purpose: no base classes (adapters implement these structurally), and no
+defaults: a member some implementation lacks is a capability, never a ``hasattr``.
 Adapters import this module and :mod:`mmyatt.rollout` only from the engine; the engine
 reaches adapters only through :mod:`mmyatt.step.builders`.
 """
@@ -107,6 +124,55 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class TokenPolicy(Protocol):
+    """Tokens (text and VLM adapters): what a rollout engine other than the adapter's own
+    sampler (vLLM) needs to sample exactly as the adapter does, and streaming."""
+
+    tokenizer: Any  # a Hugging Face tokenizer
+    pad_id: int  # fills prompts on the left and actions after EOS
+    eos_ids: set[int]  # sampling stops at any of these
+    banned_tokens: Tensor  # (K,) ids never sampled (pad, vision placeholders, unused rows)
+    max_prompt_tokens: int  # P: prompts are left-padded to this width
+    # "samples_generated" / "tokens_generated" (and the adapter's own counters), summed by
+    # whoever samples for the adapter
+    stats: dict[str, int]
+    # True: generate calls ``Sampling.on_finished`` as samples finish (partial streams them)
+    streams_finished: bool
+
+    def encode_prompts(self, records: list[dict]) -> list[list[int]]:
+        """Each record's prompt token ids, at most ``max_prompt_tokens`` long."""
+        ...
+
+    def tempered(self, logits: Tensor, temperature: float) -> Tensor:
+        """``logits`` as sampling sees them: divided by ``temperature``, banned ids -inf."""
+        ...
+
+
+@runtime_checkable
+class MediaPrompts(Protocol):
+    """A policy whose prompts hold images or video (the VLMs): the placeholder tokens
+    its prompts expand (a vLLM rollout engine sends such prompts as multimodal inputs),
+    how a record becomes ids and pixels, and the vision features of a rollout."""
+
+    image_token_id: int
+    video_token_id: int
+
+    def prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
+        """``{"ids": prompt ids with the placeholders expanded, "media": per-sample pixel
+        tensors}`` of one record (``index``: its place in the call, for messages)."""
+        ...
+
+    def messages(self, record: dict, source: str) -> tuple[list[dict], list, list]:
+        """(chat messages, images, (frames, fps) videos) of a record, in placeholder order."""
+        ...
+
+    def encode_media(self, rollout: Rollout) -> Rollout:
+        """``rollout`` with its pixels replaced by the frozen vision tower's output (what
+        ``placement.balance`` moves between controllers: tokens, never media)."""
+        ...
+
+
+@runtime_checkable
 class ReferenceKL(Protocol):
     """A frozen reference policy for the KL penalty (``algorithm.kl_coef`` > 0)."""
 
@@ -158,19 +224,28 @@ class LatentOutputs(Protocol):
 
 
 @runtime_checkable
-class RolloutStats(Protocol):
-    """Extra per-step metrics of the rollout engine (vLLM rollouts: TIS, weight sync)."""
+class FlowVelocity(Protocol):
+    """The velocity field of a flow policy, as DiffusionNFT trains it (on its own
+    forward-process samples, not on the rollout's transitions)."""
 
-    def rollout_stats(self, rollout: Rollout) -> dict[str, float]: ...
+    transformer: nn.Module  # the velocity model that ``module()`` trains
+    shared_group_noise: bool  # True: a group's samples start from one initial noise
+    device: torch.device
 
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample's latent (C, H, W) or (C, F, H, W)."""
+        ...
 
-@runtime_checkable
-class MediaPrompts(Protocol):
-    """A policy whose prompts hold images or video (the VLMs): the placeholder tokens
-    its prompts expand (a vLLM rollout engine sends such prompts as multimodal inputs)."""
+    def velocity(
+        self, model: nn.Module, x: Tensor, t: Tensor, cond: Tensor, pooled: Tensor
+    ) -> Tensor:
+        """``model``'s velocity at latents ``x`` (N, ...) and times ``t`` (N,), with CFG as
+        sampling applies it (the condition rows of ``generate``'s context)."""
+        ...
 
-    image_token_id: int
-    video_token_id: int
+    def reference_velocity(self, x: Tensor, t: Tensor, cond: Tensor, pooled: Tensor) -> Tensor:
+        """The KL reference's velocity (``enable_reference`` first), no grad."""
+        ...
 
 
 @runtime_checkable
@@ -180,13 +255,172 @@ class SupervisedPolicy(Protocol):
     def sft_loss(self, records: list[dict], target_key: str = "answer") -> Tensor: ...
 
 
+@runtime_checkable
+class RolloutStats(Protocol):
+    """Extra per-step metrics of the rollout engine (vLLM rollouts: TIS, weight sync)."""
+
+    # the engine's last timings by metric name (rollout/weight_sync_s, rollout/wake_s, ...)
+    timings: dict[str, float]
+
+    def rollout_stats(self, rollout: Rollout) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class WholeWeights(Protocol):
+    """A policy whose trained module is split or converted (a Megatron model over a
+    tensor- or pipeline-parallel group): its weights whole and Hugging Face-named."""
+
+    def whole_weights(self) -> dict[str, Tensor]:
+        """The whole model's HF-named weights, on every rank (a collective)."""
+        ...
+
+    def load_whole(self, state: dict[str, Tensor]) -> None: ...
+
+    def sync_weights(self) -> None:
+        """Trained weights -> the model that generates and exports, when they changed."""
+        ...
+
+
+@runtime_checkable
+class PolicyWrapper(Protocol):
+    """An engine's policy over another policy (a sharding engine's, a vLLM rollout
+    engine's): capabilities are the adapter's, found under ``inner``."""
+
+    @property
+    def inner(self) -> Any: ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """A reward source: rules, a judge, or a weighted mixture of them, all alike.
+
+    Called with a rollout's ``outputs``, ``records`` and ``prompt_ids`` (samples of one
+    group are contiguous); returns the (N,) combined reward and one (N,) tensor per
+    named part."""
+
+    # the keys of the parts dict every call returns (a controller with nothing to score
+    # still reports them, so all ranks sum the same metrics)
+    names: list[str]
+    reads_latents: bool  # True: reads latents, not decoded outputs (the rollout skips decode)
+    compares_groups: bool  # True: a sample's reward depends on its group's other samples
+    last_verdicts: list[dict]  # (N,) per sample of the last call: {judge term: verdict}
+
+    def __call__(
+        self, outputs: list[Any], records: list[dict], prompt_ids: list[str] | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Who trains (replica, FSDP2, Megatron-core): the controller's calls, no branch on
+    the backend. States are whole (unsharded) for the run checkpoint."""
+
+    name: str
+    lockstep: bool  # every forward/backward is a collective (see LockstepEngine)
+
+    def wrap(self, policy: Policy) -> Policy:
+        """Shard / convert the policy's module; the policy the controller uses from then on."""
+        ...
+
+    def enable_reference(self, policy: Policy) -> None: ...
+
+    def reduce_and_clip(self, params: list[nn.Parameter], max_norm: float) -> Tensor:
+        """Make gradients global (summed over controllers), clip their global norm to
+        ``max_norm``; returns that norm."""
+        ...
+
+    def rollout_weights(self, policy: Policy) -> AbstractContextManager:
+        """A context in which the policy may run any number of forwards on this rank alone."""
+        ...
+
+    def keep_filler(self, rollout: Rollout) -> None:
+        """Remember two of this rank's samples for the zero-weight passes of a rank that
+        has none (a no-op where passes are not collectives)."""
+        ...
+
+    def model_state(self, policy: Policy) -> dict: ...
+
+    def full_weights(self, policy: Policy) -> dict[str, Tensor]:
+        """Whole HF-named weights on every rank (for a rollout engine's weight sync)."""
+        ...
+
+    def load_model_state(self, policy: Policy, state: dict) -> None: ...
+
+    def optimizer_state(self, policy: Policy, optimizer: torch.optim.Optimizer) -> dict: ...
+
+    def load_optimizer_state(
+        self, policy: Policy, optimizer: torch.optim.Optimizer, state: dict
+    ) -> None: ...
+
+    def export(self, policy: Policy, path: str) -> None:
+        """Hugging Face layout, written by rank 0 (all ranks call)."""
+        ...
+
+
+@runtime_checkable
+class LockstepEngine(Engine, Protocol):
+    """An engine whose forwards and backwards are collectives (FSDP2): a rank without
+    samples runs the same passes on the kept filler, with weight 0."""
+
+    def zero_weight_loss(self, policy: Policy) -> Tensor:
+        """A loss of exactly 0 whose backward runs every collective a real one does."""
+        ...
+
+    def idle_rollout(self, policy: Policy) -> Rollout:
+        """The filler with zero advantages and rewards (for a loss that reads them)."""
+        ...
+
+    def idle_logprob_passes(self, policy: Policy, algorithm: Any, closed_form_kl: bool) -> None:
+        """The log-prob forwards a rank with samples makes before its update, results dropped."""
+        ...
+
+    def idle_reference_means(self, policy: Policy) -> None: ...
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Which devices each phase holds and how generation and scoring overlap (shared,
+    colocate, partial, auto): a strategy the controller calls with plain data. It never
+    receives the controller."""
+
+    def produce(self, records: list[dict]) -> Rollout:
+        """Generate and score ``records`` in the mode in force: a scored rollout."""
+        ...
+
+    def sync_weights(self, trainer: Any) -> None:
+        """Trainer weights -> the rollout side, after an update."""
+        ...
+
+    def end_step(self) -> dict[str, float]:
+        """The step's placement metrics; resets them."""
+        ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def adapter_of(policy: Any) -> Any:
+    """The adapter under any engine wrappers (:class:`PolicyWrapper`)."""
+    while isinstance(policy, PolicyWrapper):
+        policy = policy.inner
+    return policy
+
+
+def capable(policy: Any, capability: type) -> bool:
+    """Whether the adapter under ``policy``'s engine wrappers has ``capability``."""
+    return isinstance(adapter_of(policy), capability)
+
+
 def require(policy: Any, capability: type, why: str) -> None:
-    """Raise a TypeError naming the capability ``why`` needs when ``policy`` lacks it."""
-    if not isinstance(policy, capability):
-        missing = [n for n in protocol_methods(capability) if n not in dir(policy)]
+    """Raise a TypeError naming the capability ``why`` needs when the adapter under
+    ``policy`` lacks it."""
+    adapter = adapter_of(policy)
+    if not isinstance(adapter, capability):
+        missing = [n for n in protocol_methods(capability) if n not in dir(adapter)]
         raise TypeError(
             f"{why} needs a policy with the {capability.__name__} capability; "
-            f"{type(policy).__name__} lacks {', '.join(missing)}"
+            f"{type(adapter).__name__} lacks {', '.join(missing)}"
         )
 
 
@@ -196,7 +430,11 @@ def protocol_methods(capability: type) -> list[str]:
     for base in capability.__mro__:
         if base is Protocol or base is object or not getattr(base, "_is_protocol", False):
             continue
-        names |= {n for n, v in vars(base).items() if callable(v) and not n.startswith("_")}
+        names |= {
+            n
+            for n, v in vars(base).items()
+            if (callable(v) or isinstance(v, property)) and not n.startswith("_")
+        }
         names |= set(vars(base).get("__annotations__", {}))
     return sorted(names)
 

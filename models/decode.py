@@ -214,7 +214,7 @@ def sample(
     **options,
 ) -> tuple[Decoded, list[str]]:
     """:func:`decode` with an adapter's own vocabulary rules (``adapter.tokenizer``,
-    ``_banned``, ``eos_ids``, ``pad_id``), its stop strings (``sampling.stop``), greedy /
+    ``banned_tokens``, ``eos_ids``, ``pad_id``), its stop strings (``sampling.stop``), greedy /
     top-p from ``sampling``, then the completions as text (each cut at its mask) and the
     adapter's ``samples_generated`` / ``tokens_generated`` counters updated. ``options``
     go to :func:`decode` (``complete_groups``, ``must_finish``). ``sampling.on_finished``
@@ -233,7 +233,7 @@ def sample(
         temperature=temperature,
         greedy=sampling.greedy,
         top_p=sampling.top_p,
-        banned=adapter._banned,
+        banned=adapter.banned_tokens,
         generators=generators,
         eos=torch.tensor(sorted(adapter.eos_ids), dtype=torch.long),
         pad_id=adapter.pad_id,

@@ -104,7 +104,7 @@ class TextPolicy:
         banned = list(range(len(tokenizer), vocab))
         if self.pad_id not in self.eos_ids:  # banning an EOS would stop the policy stopping
             banned.append(self.pad_id)
-        self._banned = torch.tensor(sorted(banned), dtype=torch.long)
+        self.banned_tokens = torch.tensor(sorted(banned), dtype=torch.long)
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         # transformers 5.2x renamed past_key_values to cache (the old name is deprecated).
@@ -202,7 +202,7 @@ class TextPolicy:
         G, A = group_size, sampling.max_new_tokens
 
         # Prefill each prompt once (B rows), then repeat its cache for the G samples.
-        prompt_b, mask_b = self._left_pad(self._encode_prompts(prompts), device)
+        prompt_b, mask_b = self._left_pad(self.encode_prompts(prompts), device)
         positions = (mask_b.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
         cache = self._new_cache()
         out = self._forward(prompt_b, mask_b, positions, cache=cache, keep=1)
@@ -287,7 +287,7 @@ class TextPolicy:
         # Position P - 1 + k predicts action k, so the last action is never an input.
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
         logits = self._action_logits(ids, attn, P - first, last)  # (N, last, V)
-        logits = decode.temper(logits, temperature, self._banned)
+        logits = decode.temper(logits, temperature, self.banned_tokens)
         kept = mask[:, :last]
         lp = decode.chosen_logprob(logits, actions[:, :last])
         # where, not multiply: a masked action (pad) can score -inf-like and 0 * -inf = NaN.
@@ -336,7 +336,7 @@ class TextPolicy:
         Returns input_ids, attention_mask, labels, each (B, L), left-padded; labels
         are ``IGNORE_INDEX`` on prompt and padding so only completion tokens count.
         """
-        prompts = self._encode_prompts(records)
+        prompts = self.encode_prompts(records)
         eos = self.tokenizer.eos_token_id
         if eos is None:
             eos = min(self.eos_ids)
@@ -371,7 +371,7 @@ class TextPolicy:
         attn = batch["attention_mask"]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self._forward(batch["input_ids"], attn, positions)
-        logits = self._tempered(out.logits[:, :-1], 1.0)  # position t predicts token t + 1
+        logits = self.tempered(out.logits[:, :-1], 1.0)  # position t predicts token t + 1
         labels = batch["labels"][:, 1:]
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
@@ -379,13 +379,13 @@ class TextPolicy:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _tempered(self, logits: Tensor, temperature: float) -> Tensor:
+    def tempered(self, logits: Tensor, temperature: float) -> Tensor:
         """(..., V) fp32 logits / temperature with banned ids at the most negative float.
 
         Not -inf: exp still underflows to exactly 0, but p * log p stays 0 in the
         entropy instead of 0 * -inf = NaN.
         """
-        return decode.temper(logits, temperature, self._banned)
+        return decode.temper(logits, temperature, self.banned_tokens)
 
     def _forward(self, ids: Tensor, attn: Tensor, positions: Tensor, *, cache=None, keep: int = 0):
         kw = {self._cache_kwarg: cache}
@@ -431,7 +431,7 @@ class TextPolicy:
         )
         return text, False
 
-    def _encode_prompts(self, records: list[dict]) -> list[list[int]]:
+    def encode_prompts(self, records: list[dict]) -> list[list[int]]:
         """Token ids per record, each at most ``max_prompt_tokens`` long."""
         encoded = []
         for i, rec in enumerate(records):

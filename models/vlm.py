@@ -147,7 +147,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         banned.update(vocab_map[t] for t in VISION_SPECIAL_TOKENS if t in vocab_map)
         banned -= self.eos_ids
         self.banned_ids = sorted(banned)
-        self._banned = torch.tensor(self.banned_ids, dtype=torch.long)
+        self.banned_tokens = torch.tensor(self.banned_ids, dtype=torch.long)
 
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -229,7 +229,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
             )
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
-        prepared = [self._prepare(rec, i) for i, rec in enumerate(prompts)]
+        prepared = [self.prepare(rec, i) for i, rec in enumerate(prompts)]
         res = self._sample(prepared, group_size, sampling, seeds, width=self.max_prompt_tokens)
         G = group_size
         media = [prep["media"] for prep in prepared for _ in range(G)]
@@ -338,7 +338,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
         positions = self._positions(ids, attn, media)
         out = self._forward(model, ids, attn, positions, media=media, keep=last)
-        logp_all = self._tempered(out.logits[:, -last:], temperature).log_softmax(-1)
+        logp_all = self.tempered(out.logits[:, -last:], temperature).log_softmax(-1)
         kept = mask[:, :last]
         lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
         lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
@@ -351,7 +351,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         """Mean cross entropy over completion tokens (``record[target_key]`` + the end of
         turn token), prompt and media tokens excluded, at temperature 1 with the same
         banned tokens as sampling."""
-        prepared = [self._prepare(rec, i) for i, rec in enumerate(records)]
+        prepared = [self.prepare(rec, i) for i, rec in enumerate(records)]
         rows, labels = [], []
         for i, (rec, prep) in enumerate(zip(records, prepared)):
             if target_key not in rec:
@@ -368,7 +368,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         media = [p["media"] for p in prepared]
         positions = self._positions(ids, attn, media)
         out = self._forward(self.model, ids, attn, positions, media=media)
-        logits = self._tempered(out.logits[:, :-1], 1.0)
+        logits = self.tempered(out.logits[:, :-1], 1.0)
         return F.cross_entropy(
             logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=IGNORE_INDEX
         )
@@ -386,7 +386,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         prepared = [
-            self._prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
+            self.prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
         ]
         device = self._device()
         ids, attn = self._left_pad([p["ids"] for p in prepared], None, device)
@@ -394,7 +394,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         out = self._forward(
             self.model, ids, attn, self._positions(ids, attn, media), media=media, keep=1
         )
-        logp = self._tempered(out.logits[:, -1], 1.0).log_softmax(-1)
+        logp = self.tempered(out.logits[:, -1], 1.0).log_softmax(-1)
         k = min(top_k, logp.shape[-1] - len(self.banned_ids))
         values, indices = logp.topk(k, dim=-1)
         return [
@@ -429,7 +429,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
             stop=tuple(stop),
         )
         prepared = [
-            self._prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
+            self.prepare({"prompt": m}, i, limit=False) for i, m in enumerate(messages_batch)
         ]
         res = self._sample(prepared, 1, sampling, seeds, width=None)
         lengths = res["mask"].sum(-1).long().tolist()
@@ -505,8 +505,12 @@ class VLMPolicy(VLMInputs, VLMFeatures):
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _tempered(self, logits: Tensor, temperature: float) -> Tensor:
-        return decode.temper(logits, temperature, self._banned)
+    def encode_prompts(self, records: list[dict]) -> list[list[int]]:
+        """Each record's prompt ids, vision placeholders expanded (its media are read)."""
+        return [self.prepare(record, i)["ids"] for i, record in enumerate(records)]
+
+    def tempered(self, logits: Tensor, temperature: float) -> Tensor:
+        return decode.temper(logits, temperature, self.banned_tokens)
 
     def _left_pad(self, seqs: list[list[int]], width: int | None, device) -> tuple[Tensor, Tensor]:
         P = width if width is not None else max(len(s) for s in seqs)

@@ -75,11 +75,11 @@ class VLMInputs:
             int(self._image_inputs([_media().load_image(image)])[1].prod(-1).sum()) // self.merge**2
         )
 
-    def _prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
+    def prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
         """{"ids": prompt token ids (placeholders expanded), "media": per-sample tensors};
         ``limit`` enforces ``max_prompt_tokens``."""
         source = record.get("_source") or f"index {record.get('_index', index)}"
-        messages, images, videos = self._messages(record, source)
+        messages, images, videos = self.messages(record, source)
         text = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )
@@ -113,7 +113,7 @@ class VLMInputs:
             )
         return {"ids": ids, "media": media}
 
-    def _messages(self, record: dict, source: str) -> tuple[list[dict], list[Image.Image], list]:
+    def messages(self, record: dict, source: str) -> tuple[list[dict], list[Image.Image], list]:
         """Chat messages with normalised parts, the images and the (frames, fps) videos
         in the order their placeholders appear."""
         media = _media()

@@ -100,7 +100,7 @@ def _single_forward_logprobs(policy, r):
     A = r.actions.shape[1]
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = policy._forward(ids[:, :-1], attn[:, :-1], positions[:, :-1], keep=A).logits
-    logits = policy._tempered(logits[:, -A:], r.context["temperature"])
+    logits = policy.tempered(logits[:, -A:], r.context["temperature"])
     lp = logits.log_softmax(-1).gather(-1, r.actions[..., None]).squeeze(-1)
     return torch.where(r.mask.bool(), lp, 0.0)
 

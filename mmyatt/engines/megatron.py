@@ -352,7 +352,7 @@ def trimmed_inputs(rollout):
 def token_logprobs(inner, logits, actions, kept, temperature, last, with_entropy=True):
     """(log-prob of each action, entropy or None) from the logits of a trimmed forward,
     at ``temperature`` as the adapter ``inner`` tempers them; 0 outside ``kept``."""
-    logits = inner._tempered(logits[:, -last:], temperature)
+    logits = inner.tempered(logits[:, -last:], temperature)
     logp_all = logits.log_softmax(-1)
     lp = torch.where(kept, logp_all.gather(-1, actions[..., None]).squeeze(-1), 0.0)
     if not with_entropy:

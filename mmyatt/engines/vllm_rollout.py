@@ -236,7 +236,7 @@ class VLLMRolloutPolicy:
         if vlm:  # media read here, by the controller that owns the records
             requests, prompt_ids, media = vlm_requests(policy, prompts)
         else:
-            prompt_ids = policy._encode_prompts(prompts)
+            prompt_ids = policy.encode_prompts(prompts)
             requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
         params = self.sampling_params(policy, sampling, group_size, seeds)
         A = sampling.max_new_tokens
@@ -315,7 +315,7 @@ class VLLMRolloutPolicy:
             import vllm
 
             cls = vllm.SamplingParams
-        banned = set(policy._banned.tolist())
+        banned = set(policy.banned_tokens.tolist())
         allowed = [i for i in range(len(policy.tokenizer)) if i not in banned]
         return [
             cls(

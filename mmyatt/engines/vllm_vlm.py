@@ -62,12 +62,12 @@ def cpu_torchvision_compat() -> bool:
 def vlm_requests(policy, prompts: list[dict]) -> tuple[list[dict], list[list[int]], list[dict]]:
     """``(requests, prompt_ids, media)``: one vLLM request per record, its expanded prompt
     token ids (what the trainer scores) and its per-sample pixel tensors (the adapter's
-    ``_prepare``). Media are read here, by the controller that owns the record."""
+    ``prepare``). Media are read here, by the controller that owns the record."""
     requests, prompt_ids, media = [], [], []
     for i, rec in enumerate(prompts):
         source = rec.get("_source") or f"index {rec.get('_index', i)}"
-        prep = policy._prepare(rec, i)
-        _, images, videos = policy._messages(rec, source)
+        prep = policy.prepare(rec, i)
+        _, images, videos = policy.messages(rec, source)
         data: dict = {}
         if images:
             data["image"] = images if len(images) > 1 else images[0]
