@@ -14,6 +14,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mmyatt.config.checks import register_check
+from mmyatt.config.errors import ConfigError
+
 if TYPE_CHECKING:  # torch is imported lazily so `import mmyatt.rewards` stays light
     from torch import Tensor
 
@@ -160,6 +163,21 @@ def resolve_reward(name: str) -> RewardFn:
         f"{sorted(REGISTRY) + sorted(DESCRIPTION_REWARDS) + sorted(IMAGE_REWARDS)} "
         "or a user function as 'package.module:function'"
     )
+
+
+@register_check
+def check_reward_names(cfg) -> None:
+    """Every reward the run names resolves (run by ``load_config``): reward.functions
+    (where ``genrm`` is the judge) and sft.check."""
+    names = [(f"reward.functions[{i}].name", f.name) for i, f in enumerate(cfg.reward.functions)]
+    names += [("sft.check", cfg.sft.check)] if cfg.sft.check is not None else []
+    for key, name in names:
+        if name == "genrm" and key != "sft.check":
+            continue
+        try:
+            resolve_reward(name)
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 _SPEC_KEYS = {"name", "weight", "kwargs"}

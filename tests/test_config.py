@@ -1,6 +1,15 @@
+"""Config loading: keys, types, choices and the one-line errors (ranges and the checks
+against registries and model folders: tests/test_config_ranges.py)."""
+
+import json
+from pathlib import Path
+
 import pytest
 
-from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
+import mmyatt.step.run  # noqa: F401  (loads configs with every check a run registers)
+from mmyatt.config.schema import ConfigError, RunConfig, build, dump_yaml, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def write(tmp_path, text):
@@ -74,10 +83,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_shipped_configs_load():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / "configs"
-    files = sorted(root.glob("*.yaml"))
+    files = sorted((ROOT / "configs").glob("*.yaml"))
     assert files
     for f in files:
         load_config(f)
@@ -103,3 +109,65 @@ def test_micro_batch_tokens_checked():
                 "model.path=builtin:tiny_t2i",
             ],
         )
+
+
+def test_sections_are_frozen_and_reject_unknown_keys():
+    cfg = load_config(None)
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.trainer.steps = 3
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.stepz'; valid keys here:"):
+        build(RunConfig, {"trainer": {"stepz": 3}})
+    copy = cfg.model_copy(update={"name": "other"})
+    assert (copy.name, cfg.name) == ("other", "run")
+
+
+def test_strict_scalars_as_yaml_gives_them():
+    with pytest.raises(ConfigError, match=r"trainer.steps: expected an integer, got 2.5"):
+        load_config(None, ["trainer.steps=2.5"])
+    with pytest.raises(ConfigError, match=r"optim.lr: expected a number, got True"):
+        load_config(None, ["optim.lr=true"])
+    with pytest.raises(ConfigError, match=r"name: expected a string, got 3"):
+        load_config(None, ["name=3"])
+    # YAML 1.1 reads 3e-3 (no dot) as a string; a number key still takes it
+    assert load_config(None, ["optim.lr=3e-3"]).optim.lr == 0.003
+    # one string where a list of strings goes is a list of one
+    assert load_config(None, ["model.freeze=model.visual"]).model.freeze == ("model.visual",)
+
+
+def test_an_error_from_the_recipe_names_the_file(tmp_path):
+    p = write(tmp_path, "trainer:\n  steps: -3\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: trainer.steps must be >= 1, got -3$"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"^trainer.steps must be >= 1, got -4$"):
+        load_config(p, ["trainer.steps=-4"])  # the command line set it: no file to name
+
+
+def test_every_error_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "a: [1,\n"))
+    assert "invalid YAML" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["sampling.stop=[unclosed"])
+    assert "invalid YAML" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_folder_checked_against_model_kind(tmp_path):
+    vlm = tmp_path / "vlm"
+    vlm.mkdir()
+    (vlm / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    with pytest.raises(
+        ConfigError,
+        match=r"^model.path=\S+vlm holds a vision-language model \(config.json model_type "
+        r"qwen2_vl\), but model.kind=text needs a text model",
+    ):
+        load_config(None, [f"model.path={vlm}"])
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    with pytest.raises(ConfigError, match=r"holds a text model .* model.kind=vlm needs a vision"):
+        load_config(None, [f"model.path={text}", "model.kind=vlm"])
+    with pytest.raises(ConfigError, match=r"model.path=\S+nowhere: no such folder"):
+        load_config(None, [f"model.path={tmp_path / 'nowhere'}"])
+    with pytest.raises(ConfigError, match=r"model.path=builtin:tiny_t2i holds a diffusers"):
+        load_config(None, ["model.path=builtin:tiny_t2i"])
+    assert load_config(None, [f"model.path={text}"]).model.path == str(text)

@@ -207,9 +207,7 @@ def test_fsdp2_options_single_process(tmp_path):
     off = load_config(None, ["train.backend=fsdp2", "train.cpu_offload=true"]).train
     with pytest.raises(ValueError, match="GPU option"):
         FSDP2Engine(Dist(), off).wrap(TextPolicy.load(path, max_prompt_tokens=16))
-    import dataclasses
-
-    cfg = dataclasses.replace(cfg, activation_checkpointing=True)
+    cfg = cfg.model_copy(update={"activation_checkpointing": True})
     engine = FSDP2Engine(Dist(), cfg)
     wrapped = engine.wrap(policy)
     params = [p for p in wrapped.module().parameters() if p.requires_grad]

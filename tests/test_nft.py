@@ -201,7 +201,7 @@ def test_config_checks():
             "configs/flow_nft_tiny.yaml",
             ["algorithm.nft.timesteps_per_sample=50", "sampling.denoise_steps=4"],
         )
-    with pytest.raises(ConfigError, match="beta > 0"):
+    with pytest.raises(ConfigError, match=r"algorithm.nft.beta must be > 0, got 0"):
         load_config("configs/flow_nft_tiny.yaml", ["algorithm.nft.beta=0"])
 
 

@@ -8,7 +8,6 @@ released for training (placement.partial_release_judge) or not."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,8 @@ def test_settings_it_cannot_run_with_fail_before_start(overrides, why):
     with pytest.raises(ConfigError) as e:
         if overrides == ["rollout.backend=vllm"]:  # not installed here: checked directly
             cfg = load_config(None, base)
-            check_placement(replace(cfg, rollout=replace(cfg.rollout, backend="vllm")))
+            vllm = cfg.rollout.model_copy(update={"backend": "vllm"})
+            check_placement(cfg.model_copy(update={"rollout": vllm}))
         else:
             load_config(None, base + overrides)
     msg = str(e.value)

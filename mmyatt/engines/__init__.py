@@ -28,6 +28,9 @@ from contextlib import nullcontext
 
 import torch
 
+from mmyatt.config.checks import register_check
+from mmyatt.config.errors import ConfigError
+
 INSTALL = {
     "megatron": ("megatron.core", "pip install 'mmyatt[megatron]'  (megatron-core>=0.16)"),
     "vllm": ("vllm", "pip install 'mmyatt[vllm]'  (vllm on CUDA; see docs/engines.md for CPU)"),
@@ -66,10 +69,9 @@ def require(name: str, key: str) -> None:
         )
 
 
+@register_check
 def check_engines(cfg) -> None:
-    """Config checks for the engine settings (called by ``mmyatt.config.schema.validate``)."""
-    from mmyatt.config.schema import ConfigError
-
+    """Config checks for the engine settings (run by ``load_config``)."""
     t, r, j = cfg.train, cfg.rollout, cfg.reward.judge
     micro = cfg.algorithm.micro_batch_tokens
     if micro and (t.backend == "megatron" or cfg.algorithm.name == "diffusion_nft"):
@@ -133,8 +135,6 @@ def check_engines(cfg) -> None:
 def _check_tensor_parallel(cfg) -> None:
     """train.tensor_parallel > 1: a tensor-parallel group of processes is one controller
     (mmyatt/engines/megatron_group.py); what that does not cover is refused here."""
-    from mmyatt.config.schema import ConfigError
-
     t, n = cfg.train, cfg.distributed.nproc
     # a pipeline group, or a TP x PP model-parallel group, is one controller the same way
     tp = t.tensor_parallel * t.pipeline_parallel
@@ -172,8 +172,6 @@ def _check_tensor_parallel(cfg) -> None:
 
 
 def _require(cfg, name: str, key: str) -> None:
-    from mmyatt.config.schema import ConfigError
-
     try:
         require(name, key)
     except MissingEngineError as e:

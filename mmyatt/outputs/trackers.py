@@ -25,6 +25,10 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from mmyatt.config.checks import register_check
+from mmyatt.config.errors import ConfigError
+from mmyatt.config.schema import to_dict
+
 MODULES = {"wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = {
     "wandb": "pip install 'mmyatt[trackers]'   (or just: pip install wandb)",
@@ -42,8 +46,6 @@ class Tracker(Protocol):
 
 def check_trackers(logging_cfg) -> None:
     """Fail now, naming the install command, for a requested tracker that is missing."""
-    from mmyatt.config.schema import ConfigError
-
     for name in logging_cfg.trackers:
         module = MODULES.get(name)
         if module is not None and importlib.util.find_spec(module) is None:
@@ -51,6 +53,12 @@ def check_trackers(logging_cfg) -> None:
                 f"logging.trackers includes {name!r} but the {module!r} package is not "
                 f"installed; install it with: {INSTALL[name]}"
             )
+
+
+@register_check
+def check_tracker_packages(cfg) -> None:
+    """``check_trackers`` on a whole run config (run by ``load_config``)."""
+    check_trackers(cfg.logging)
 
 
 def build_trackers(cfg, run_dir: Path) -> list[Tracker]:
@@ -111,8 +119,6 @@ class WandbTracker:
     def __init__(self, cfg, run_dir: Path):
         import wandb
 
-        from mmyatt.config.schema import to_dict
-
         self.wandb = wandb
         self.run = wandb.init(
             project=cfg.logging.project,
@@ -146,8 +152,6 @@ class WandbTracker:
 class MlflowTracker:
     def __init__(self, cfg, run_dir: Path):
         import mlflow
-
-        from mmyatt.config.schema import to_dict
 
         self.mlflow = mlflow
         uri = cfg.logging.mlflow_uri

@@ -8,12 +8,13 @@ that must be pinned but is not started with the run.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from mmyatt.config.schema import PlacementConfig, RunConfig
+from mmyatt.config.checks import register_check
+from mmyatt.config.errors import ConfigError
+from mmyatt.config.schema import PlacementConfig, RunConfig, to_dict
 
 MODES = ("shared", "colocate", "partial", "auto")
 # placement/mode_id in the metrics: the mode a step ran in, as a number
@@ -42,12 +43,6 @@ class CorePlan:
         return f"{len(self.rollout)}:{len(self.judge)}"
 
 
-def _error(msg: str):
-    from mmyatt.config.schema import ConfigError
-
-    return ConfigError(msg)
-
-
 def run_cores(p: PlacementConfig, available: list[int] | None = None) -> tuple[int, ...]:
     """``placement.cores`` checked against the cores this process may use (all of them
     when empty)."""
@@ -55,10 +50,10 @@ def run_cores(p: PlacementConfig, available: list[int] | None = None) -> tuple[i
     if not p.cores:
         return tuple(avail)
     if len(set(p.cores)) != len(p.cores):
-        raise _error(f"placement.cores={list(p.cores)} names a core twice")
+        raise ConfigError(f"placement.cores={list(p.cores)} names a core twice")
     missing = [c for c in p.cores if c not in avail]
     if missing:
-        raise _error(
+        raise ConfigError(
             f"placement.cores={list(p.cores)} names core(s) {missing}, but this process may "
             f"run on cores {avail} ({len(avail)} cores): more cores than exist here"
         )
@@ -68,13 +63,13 @@ def run_cores(p: PlacementConfig, available: list[int] | None = None) -> tuple[i
 def partial_split(p: PlacementConfig, n: int) -> tuple[int, int]:
     """(rollout cores, judge cores) for partial mode on ``n`` cores, checked."""
     if n < 2:
-        raise _error(
+        raise ConfigError(
             f"placement.mode=partial runs rollout and the judge at once on disjoint cores: it "
             f"needs at least 2 cores, the run has {n}"
         )
     r, j = p.rollout_cores, p.judge_cores
     if r < 0 or j < 0:
-        raise _error(f"placement.rollout_cores={r} and judge_cores={j} must be >= 0")
+        raise ConfigError(f"placement.rollout_cores={r} and judge_cores={j} must be >= 0")
     if r == 0 and j == 0:
         r = (n + 1) // 2
     if r == 0:
@@ -82,17 +77,17 @@ def partial_split(p: PlacementConfig, n: int) -> tuple[int, int]:
     if j == 0:
         j = n - r
     if r + j > n:
-        raise _error(
+        raise ConfigError(
             f"placement.rollout_cores ({r}) + placement.judge_cores ({j}) = {r + j} cores, "
             f"but the run has {n}: more cores than exist"
         )
     if j <= 0:
-        raise _error(
+        raise ConfigError(
             f"placement.mode=partial gives the judge nothing: rollout_cores={r} takes all "
             f"{n} cores; lower placement.rollout_cores or set placement.judge_cores"
         )
     if r <= 0:
-        raise _error(
+        raise ConfigError(
             f"placement.mode=partial gives rollout nothing: judge_cores={j} takes all {n} cores"
         )
     return r, j
@@ -139,10 +134,7 @@ def work_key(cfg: RunConfig) -> str:
     a run resumed with other work (longer completions, a judge added) knows its
     measurements are of different work. Steps, budgets, logging and checkpoints are not
     in it."""
-    import json
-    from dataclasses import asdict
-
-    work = {k: asdict(getattr(cfg, k)) for k in _WORK_SECTIONS}
+    work = {k: to_dict(getattr(cfg, k)) for k in _WORK_SECTIONS}
     for k in _CHOOSER:  # how auto chooses, not what a step does
         work["placement"].pop(k, None)
     work["prompts_per_step"] = cfg.data.prompts_per_step
@@ -159,47 +151,34 @@ _CHOOSER = (
 )  # fmt: skip
 
 
+@register_check
 def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
-    """Every check of the placement section; raises ConfigError naming the key."""
+    """Every check of the placement section past its fields' own ranges (run by
+    ``load_config``); raises ConfigError naming the key."""
     p = cfg.placement
     check_over_dispatch(cfg)
-    if p.mode not in MODES:
-        raise _error(f"placement.mode={p.mode!r} is not one of {', '.join(MODES)}")
-    for key, value, low in (
-        ("stream_groups", p.stream_groups, 1),
-        ("profile_steps", p.profile_steps, 1),
-        ("reevaluate_every", p.reevaluate_every, 1),
-        ("judge_threads", p.judge_threads, -1),  # -1: measured (placement/judge_threads.py)
-        ("stream_max_samples", p.stream_max_samples, 0),
-    ):
-        if value < low:
-            raise _error(f"placement.{key} must be >= {low}, got {value}")
-    if not p.drift_threshold > 0:
-        raise _error(f"placement.drift_threshold must be > 0, got {p.drift_threshold}")
-    if not 0 <= p.explore_margin < 1:
-        raise _error(f"placement.explore_margin must be in [0, 1), got {p.explore_margin}")
     if p.merge_rollout:
         check_merge_rollout(cfg)
     if p.offload_policy:
         if p.mode not in ("colocate", "auto"):
-            raise _error(
+            raise ConfigError(
                 f"placement.offload_policy=true moves the policy off the device in colocate "
                 f"steps, and placement.mode={p.mode} has none: use colocate or auto"
             )
         if cfg.train.backend != "replica":
-            raise _error(
+            raise ConfigError(
                 f"placement.offload_policy=true with train.backend={cfg.train.backend}: "
                 "moving a sharded policy off the device is not implemented; it "
                 "moves a whole module: use train.backend=replica"
             )
     if p.partial_release_judge and p.mode not in ("partial", "auto"):
-        raise _error(
+        raise ConfigError(
             f"placement.partial_release_judge=true drops the judge's weights while partial "
             f"steps train, and placement.mode={p.mode} has none: use partial or auto"
         )
     if p.mode == "shared":
         if p.cores or p.rollout_cores or p.judge_cores:
-            raise _error(
+            raise ConfigError(
                 "placement.cores / rollout_cores / judge_cores are set but placement.mode="
                 "shared pins nothing; choose placement.mode colocate, partial or auto"
             )
@@ -208,12 +187,12 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
     judge = cfg.reward.judge
     uses_judge = any(f.name == "genrm" for f in cfg.reward.functions)
     if p.partial_release_judge and not uses_judge:
-        raise _error(
+        raise ConfigError(
             "placement.partial_release_judge=true, but no reward.functions entry is genrm: "
             "there is no judge to release"
         )
     if p.mode in ("partial", "auto") and uses_judge and judge.model is None:
-        raise _error(
+        raise ConfigError(
             f"placement.mode={p.mode} pins the judge to its cores, so the judge must be "
             "started with the run (reward.judge.model); a judge at reward.judge.urls runs "
             "elsewhere: use placement.mode=shared or colocate"
@@ -222,7 +201,7 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
         partial_split(p, len(cores))
     elif p.rollout_cores or p.judge_cores:
         if p.mode == "colocate":
-            raise _error(
+            raise ConfigError(
                 "placement.rollout_cores / judge_cores split the cores in partial mode; "
                 "colocate gives every phase all of placement.cores"
             )
@@ -230,7 +209,7 @@ def check_placement(cfg: RunConfig, available: list[int] | None = None) -> None:
     if p.mode in ("partial", "auto"):
         z = [f.name for f in cfg.reward.functions if f.zscore]
         if z:
-            raise _error(
+            raise ConfigError(
                 f"placement.mode={p.mode} scores each finished group as it comes, but "
                 f"reward.functions {z} use zscore, which standardises over the whole batch; "
                 "drop zscore or use placement.mode=colocate"
@@ -259,18 +238,13 @@ def check_merge_rollout(cfg: RunConfig) -> None:
     elif cfg.rollout.over_dispatch_ratio > 1:
         why = "over-dispatch cuts each controller's generate call to its own prompt groups"
     if why:
-        raise _error(f"placement.merge_rollout=true cannot run here: {why}")
+        raise ConfigError(f"placement.merge_rollout=true cannot run here: {why}")
 
 
 def check_over_dispatch(cfg: RunConfig) -> None:
-    """rollout.over_dispatch_ratio / max_carries (mmyatt/placement/dispatch.py)."""
-    from mmyatt.config.schema import ConfigError
-
+    """rollout.over_dispatch_ratio with the rest of the run (mmyatt/placement/dispatch.py;
+    its range and max_carries' are the fields' own)."""
     ro = cfg.rollout
-    if not ro.over_dispatch_ratio >= 1:
-        raise ConfigError(f"rollout.over_dispatch_ratio must be >= 1, got {ro.over_dispatch_ratio}")
-    if ro.max_carries < 0:
-        raise ConfigError(f"rollout.max_carries must be >= 0, got {ro.max_carries}")
     if ro.redraw_carried and (ro.over_dispatch_ratio <= 1 or not ro.reuse_unused_prompts):
         raise ConfigError(
             "rollout.redraw_carried=true redraws the prompts over-dispatch carries, and this "

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from mmyatt.placement.config import _error
+from mmyatt.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from mmyatt.config.schema import RunConfig
@@ -40,7 +40,7 @@ def judge_device_sets(devices) -> list[tuple[int, ...]]:
     for i, entry in enumerate(devices):
         ids = [s.strip() for s in str(entry).split(",")]
         if not ids or not all(s.isdigit() for s in ids):
-            raise _error(
+            raise ConfigError(
                 f"reward.judge.devices[{i}]={entry!r} is not a GPU id: give an integer, or "
                 "ids joined by commas for one server on several GPUs (e.g. '0,1')"
             )
@@ -56,26 +56,26 @@ def check_judge_devices(cfg: RunConfig, count: int | None = None) -> None:
         return
     sets = judge_device_sets(j.devices)
     if j.model is None:
-        raise _error(
+        raise ConfigError(
             f"reward.judge.devices={list(j.devices)} places judge servers the run starts, "
             "but reward.judge.model is not set (judges at reward.judge.urls run elsewhere): "
             "set reward.judge.model or drop reward.judge.devices"
         )
     n = cuda_count() if count is None else count
     if n == 0:
-        raise _error(
+        raise ConfigError(
             f"reward.judge.devices={list(j.devices)} names GPUs, but this machine has no "
             "CUDA device: the servers would hide every GPU and load on the CPU. Drop "
             "reward.judge.devices to run the judge on the CPU"
         )
     missing = sorted({d for s in sets for d in s if d >= n})
     if missing:
-        raise _error(
+        raise ConfigError(
             f"reward.judge.devices={list(j.devices)} names GPU(s) {missing}, but this "
             f"machine has {n} CUDA device(s) (ids 0-{n - 1})"
         )
     if len(sets) > j.num_servers:
-        raise _error(
+        raise ConfigError(
             f"reward.judge.devices names {len(sets)} device sets but reward.judge.num_servers"
             f"={j.num_servers}: {[list(s) for s in sets[j.num_servers :]]} would serve "
             "nothing; raise num_servers or drop those devices"

@@ -3,7 +3,6 @@ then start P controllers (or join an external torchrun) and drive their loop."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -17,8 +16,12 @@ import torch
 from mmyatt.checkpoint.checkpointer import Checkpointer
 from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
+from mmyatt.engines import check_engines  # noqa: F401 (registers a config check)
+from mmyatt.models.builtin import check_builtin_paths  # noqa: F401 (registers one)
+from mmyatt.outputs.trackers import check_tracker_packages  # noqa: F401 (registers one)
 from mmyatt.placement.config import releases_judge
 from mmyatt.placement.devices import check_judge_devices, device_lines
+from mmyatt.rewards.rules import check_reward_names  # noqa: F401 (registers one)
 from mmyatt.step import builders
 
 
@@ -40,18 +43,17 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         train, ev, val = builders.synthetic_task(data.train, run_dir / "data", cfg)
         log(f"[prepare] synthetic task {data.train}: {train} and {ev}")
         val = str(val) if val is not None else data.val
-        data = dataclasses.replace(data, train=str(train), eval=str(ev), val=val)
+        data = data.model_copy(update={"train": str(train), "eval": str(ev), "val": val})
         warm = run_dir / "data" / "sft.jsonl"  # a task with its own warm-start split
         if warm.exists() and cfg.sft.data is None:
-            cfg = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, data=str(warm)))
-    cfg = dataclasses.replace(cfg, data=data)
-    model = dataclasses.replace(cfg.model, path=builders.resolve_builtin(cfg.model.path))
-    cfg = dataclasses.replace(cfg, model=model)
+            cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": str(warm)})})
+    cfg = cfg.model_copy(update={"data": data})
+    model = cfg.model.model_copy(update={"path": builders.resolve_builtin(cfg.model.path)})
+    cfg = cfg.model_copy(update={"model": model})
     if model.path is None:
-        model = dataclasses.replace(
-            model, path=str(builders.build_tiny(cfg, run_dir / "base_model", log))
-        )
-        cfg = dataclasses.replace(cfg, model=model)
+        tiny = builders.build_tiny(cfg, run_dir / "base_model", log)
+        model = model.model_copy(update={"path": str(tiny)})
+        cfg = cfg.model_copy(update={"model": model})
     if cfg.sft.enabled:
         from mmyatt.step.sft import run_sft
 
@@ -60,7 +62,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
             log(f"[prepare] reusing the SFT warm start in {out}")
         else:
             run_sft(cfg, out, log=log)
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out)))
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(out)})})
     return cfg
 
 
@@ -150,8 +152,8 @@ def start_judges(cfg: RunConfig, rd: Path):
         f"({time.perf_counter() - t0:.1f}s)",
         flush=True,
     )
-    judge = dataclasses.replace(j, urls=tuple(pool.urls))
-    return dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, judge=judge)), pool
+    judge = j.model_copy(update={"urls": tuple(pool.urls)})
+    return cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"judge": judge})}), pool
 
 
 def save_config(cfg: RunConfig, rd: Path) -> None:
@@ -488,13 +490,14 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
     quiet_libraries()
-    cfg = prepare_run(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, enabled=False)), rd)
+    no_sft = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": False})})
+    cfg = prepare_run(no_sft, rd)
     from mmyatt.step.sft import run_sft
 
     out = rd / "checkpoints" / "sft"
     result = run_sft(cfg, out)
     (rd / "config.yaml").write_text(
-        dump_yaml(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(out))))
+        dump_yaml(cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(out)})}))
     )
     (rd / "sft.json").write_text(json.dumps(result, indent=2))
     return 0

@@ -7,7 +7,6 @@ the jump from chance to competence happens at a seed-dependent moment.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from pathlib import Path
@@ -47,11 +46,11 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
         )
     torch.manual_seed(cfg.trainer.seed)
     torch.set_num_threads(s.threads)
-    model = cfg.model if s.freeze is None else dataclasses.replace(cfg.model, freeze=s.freeze)
+    model = cfg.model if s.freeze is None else cfg.model.model_copy(update={"freeze": s.freeze})
     policy = builders.build_policy(model)
     if s.check is not None:  # one rule, e.g. when the run's reward is a judge not yet started
         reward = builders.build_reward(
-            dataclasses.replace(cfg.reward, functions=(RewardSpec(name=s.check),))
+            cfg.reward.model_copy(update={"functions": (RewardSpec(name=s.check),)})
         )
     else:
         reward = builders.build_reward(cfg.reward)

@@ -1,0 +1,85 @@
+"""The run's schedule and records: the SFT warm start, steps and evals, checkpoints,
+trackers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field
+
+from mmyatt.config.section import Bool, Float, Int, Section, Str, Strings, one_or_many
+
+
+class SFTConfig(Section):
+    """Supervised warm start (``mmyatt sft`` and the optional ``sft`` phase of a recipe)."""
+
+    enabled: Bool = False
+    max_steps: Int = Field(3000, ge=1)
+    batch_size: Int = Field(64, ge=1)
+    lr: Float = Field(1e-3, gt=0)
+    eval_every: Int = Field(100, ge=1)
+    stop_at_accuracy: Float | None = Field(None, ge=0, le=1)
+    """stop early once greedy held-out accuracy reaches it"""
+    eval_prompts: Int = Field(200, ge=1)
+    target_key: Str = "answer"
+    check: Str | None = None
+    """the reward function (a registry name, e.g. "describe_check") the stopping check
+    scores with; None: the run's reward (which cannot hold a judge: none runs yet)"""
+    data: Str | None = None
+    """JSONL the warm start trains on; None: data.train (synthetic:describe fills in its
+    sft.jsonl, which, like the flow recipes' base models, sees every combination)"""
+    threads: Int = Field(1, ge=1)
+    """SFT runs once, in the launching process, before controllers start"""
+    freeze: Strings | None = None
+    """parameter-name prefixes frozen in SFT only; None: model.freeze (e.g. [] trains a VLM's
+    vision tower on the warm start's data while RL keeps model.freeze's [model.visual])"""
+
+
+class TrainerConfig(Section):
+    steps: Int = Field(100, ge=1)
+    max_minutes: Float | None = Field(None, gt=0)
+    """stop training (then evaluate) after this wall time"""
+    eval_every: Int = Field(0, ge=0)
+    """0: only at the start and the end"""
+    log_every: Int = Field(1, ge=1)
+    seed: Int = Field(0, ge=0)
+    threads: Int = Field(1, ge=1)
+    """torch threads per controller"""
+    save_rollouts_every: Int = Field(10, ge=0)
+    """steps between rollout logs (rollouts/rank<r>.jsonl); 0: none"""
+    rollouts_per_step: Int = Field(64, ge=1)
+    """at most this many samples per controller per logged step: whole prompt groups, in
+    the order drawn, until the next group would pass it (at least one group)"""
+    progress: Bool = True
+    eval_sampling: Literal["greedy", "sample"] = "greedy"
+    """sample: at the training temperature, and greedy accuracy is logged as
+    eval/greedy_accuracy too"""
+
+
+class CheckpointConfig(Section):
+    save_every: Int = Field(0, ge=0)
+    """steps between run-state checkpoints; 0 = none (final export only)"""
+    keep_last: Int = Field(2, ge=1)
+    keep_every: Int = Field(0, ge=0)
+    """also keep every step divisible by this (0 = none)"""
+    async_save: Bool = True
+    resume: Str = "auto"
+    """auto | never | a checkpoint directory"""
+    export_every: Int = Field(0, ge=0)
+    """also write the policy in HF layout every N steps (0: only at the end)"""
+
+
+class LoggingConfig(Section):
+    """Trackers besides metrics.jsonl (mmyatt/outputs/trackers.py): scalars, eval sample grids and
+    a table of logged rollouts. Each is optional; one requested but not installed fails
+    at start with the command that installs it."""
+
+    trackers: Annotated[
+        tuple[Literal["tensorboard", "wandb", "mlflow"], ...], BeforeValidator(one_or_many)
+    ] = ("tensorboard",)
+    project: Str = "mmyatt"
+    """wandb project, mlflow experiment"""
+    offline: Bool = True
+    """wandb: mode=offline (`wandb sync` later); mlflow: local file store"""
+    mlflow_uri: Str | None = None
+    """None: a file store in <run dir>/mlruns"""
