@@ -57,6 +57,10 @@ BAD = [
         r"reward.judge.model=builtin:no_judge: no built-in checkpoint 'no_judge'; "
         r"built-ins: .*tiny_judge.*",
     ),
+    (
+        ["reward.functions=[{name: genrm}]", "reward.judge.model=/no/such/judge"],
+        r"reward.judge.model=/no/such/judge: no such folder",
+    ),
     (["logging.trackers=[tensorboard, tensorboard]"], r"logging.trackers=.* names a tracker twice"),
     (["algorithm.advantage=ppo"], r"algorithm.advantage: 'ppo' is not one of 'grpo', .*"),
 ]

@@ -154,7 +154,7 @@ def test_sft_with_a_judged_reward_and_no_check_names_sft_check(monkeypatch, tmp_
     judged = [
         "sft.enabled=true",
         "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5}]",
-        "reward.judge.model=/nonexistent/judge",
+        f"reward.judge.model={tmp_path}",  # a folder: the judge never starts here
     ]
     cfg = load_config("configs/text_grpo_tiny.yaml", judged)
     with pytest.raises(ConfigError, match=r"set sft.check to a rule reward"):

@@ -35,8 +35,7 @@ def check_model_folder(key: str, path: str | Path, kind: str, value: str | None 
     """Raise ConfigError unless ``path`` is a folder holding a ``kind`` model; the message
     shows ``key=value`` (the path as the user wrote it, e.g. ``builtin:<name>``)."""
     folder, value = Path(path), value or str(path)
-    if not folder.is_dir():
-        raise ConfigError(f"{key}={value}: no such folder")
+    check_folder(key, folder, value)
     found, holds = folder_kind(folder)
     if found != kind:
         raise ConfigError(f"{key}={value} holds {holds}, but model.kind={kind} needs {NEEDS[kind]}")
@@ -47,3 +46,9 @@ NEEDS = {
     "vlm": "a vision-language model (config.json with vision_config)",
     "flow": "a diffusers pipeline (model_index.json)",
 }
+
+
+def check_folder(key: str, path: str | Path, value: str | None = None) -> None:
+    """Raise ConfigError naming ``key`` unless ``path`` is a folder."""
+    if not Path(path).is_dir():
+        raise ConfigError(f"{key}={value or path}: no such folder")

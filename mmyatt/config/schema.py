@@ -26,7 +26,7 @@ from mmyatt.config.data import DataConfig
 from mmyatt.config.engines import DistributedConfig, RolloutConfig, TrainConfig
 from mmyatt.config.errors import ConfigError, annotation_at, dotted, is_section, one_line
 from mmyatt.config.model import LoraConfig, ModelConfig
-from mmyatt.config.model_folder import check_model_folder
+from mmyatt.config.model_folder import check_folder, check_model_folder
 from mmyatt.config.placement import PlacementConfig
 from mmyatt.config.reward import JudgeConfig, RewardConfig, RewardSpec
 from mmyatt.config.rules import check_rules
@@ -157,11 +157,14 @@ def _leaf_keys(tree: dict, prefix: str = "") -> set[str]:
 
 def validate(cfg: RunConfig) -> None:
     """Every check past the fields' own: the rules between sections, the model folder
-    against ``model.kind``, then the registered checks against this machine."""
+    against ``model.kind`` and the judge's folder, then the registered checks against
+    this machine and the registries."""
     check_rules(cfg)
-    path = cfg.model.path
+    path, judge = cfg.model.path, cfg.reward.judge.model
     if path is not None and not path.startswith("builtin:"):
         check_model_folder("model.path", path, cfg.model.kind)
+    if judge is not None and not judge.startswith("builtin:"):
+        check_folder("reward.judge.model", judge)
     run_checks(cfg)
 
 
