@@ -62,6 +62,8 @@ BAD = [
         r"reward.judge.model=/no/such/judge: no such folder",
     ),
     (["logging.trackers=[tensorboard, tensorboard]"], r"logging.trackers=.* names a tracker twice"),
+    (["algorithm.kl_coef=.inf"], r"algorithm.kl_coef: expected a finite number, got inf"),
+    (["reward.functions=[{name: ''}]"], r"reward.functions\[0\].name must not be empty"),
     (["algorithm.advantage=ppo"], r"algorithm.advantage: 'ppo' is not one of 'grpo', .*"),
 ]
 

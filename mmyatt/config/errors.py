@@ -47,6 +47,8 @@ def one_line(error: ValidationError, model: type[BaseModel], where: str = "") ->
     if kind in BOUNDS:
         within = range_text(annotation_at(model, loc)[1]) or f"{BOUNDS[kind]} {ctx[_ATTRS[kind]]}"
         return f"{key} must be {within}, got {value}"  # a number, or YAML's "3e-3"
+    if kind == "string_too_short":
+        return f"{key} must not be empty"
     if kind in ("too_short", "too_long"):
         bound = "at least" if kind == "too_short" else "at most"
         want = ctx.get("min_length" if kind == "too_short" else "max_length")
@@ -60,6 +62,7 @@ def one_line(error: ValidationError, model: type[BaseModel], where: str = "") ->
 
 
 EXPECTED = {
+    "finite_number": "a finite number",
     "int_": "an integer",
     "float_": "a number",
     "bool_": "true/false",

@@ -2,7 +2,8 @@
 
 Scalars are strict, as YAML gives them: an integer key takes no ``3.0``, ``"3"`` or
 ``true``; a boolean takes only ``true``/``false``. Numbers are the exception YAML forces:
-YAML 1.1 reads ``3e-3`` (no dot) as a string, so a float key takes a numeric string. A key
+YAML 1.1 reads ``3e-3`` (no dot) as a string, so a float key takes a numeric string (but
+never ``.inf`` or ``.nan``). A key
 that holds a list of strings also takes one string (``model.freeze=model.visual``).
 The docstring under a field is its entry in docs/configuration.md.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Strict
+from pydantic import AllowInfNan, BaseModel, BeforeValidator, ConfigDict, Strict
 from pydantic_core import PydanticCustomError
 
 
@@ -30,7 +31,7 @@ def one_or_many(value: Any) -> Any:
 
 
 Int = Annotated[int, Strict()]
-Float = Annotated[float, BeforeValidator(_number)]
+Float = Annotated[float, BeforeValidator(_number), AllowInfNan(False)]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 Strings = Annotated[tuple[Str, ...], BeforeValidator(one_or_many)]
