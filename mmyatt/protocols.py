@@ -231,10 +231,7 @@ class FlowVelocity(Protocol):
     transformer: nn.Module  # the velocity model that ``module()`` trains
     shared_group_noise: bool  # True: a group's samples start from one initial noise
     device: torch.device
-
-    def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one sample's latent (C, H, W) or (C, F, H, W)."""
-        ...
+    sample_shape: tuple[int, ...]  # one sample's latent: (C, H, W) or (C, F, H, W)
 
     def velocity(
         self, model: nn.Module, x: Tensor, t: Tensor, cond: Tensor, pooled: Tensor
@@ -383,12 +380,10 @@ class Placement(Protocol):
     colocate, partial, auto): a strategy the controller calls with plain data. It never
     receives the controller."""
 
-    def produce(self, records: list[dict]) -> Rollout:
-        """Generate and score ``records`` in the mode in force: a scored rollout."""
-        ...
-
-    def sync_weights(self, trainer: Any) -> None:
-        """Trainer weights -> the rollout side, after an update."""
+    def produce(self, groups: int, sampling: Sampling, timer: Any) -> Rollout:
+        """``groups`` prompt groups of the next records generated and scored in the mode
+        in force: a scored rollout. The placement draws the records itself (over-dispatch
+        draws more and carries the rest to the next step); ``timer`` times the phases."""
         ...
 
     def end_step(self) -> dict[str, float]:

@@ -1,38 +1,12 @@
-"""Policy adapters and the models they wrap.
+"""Policy adapters a user trains, installed as ``mmyatt.models``: one module a concept.
 
-Exports resolve lazily so that importing ``mmyatt.protocols`` (which every part
-of the engine does) does not import transformers.
+``text`` (causal LMs), ``vlm`` (Qwen2-VL family; prompts and media in ``vlm_inputs``,
+vision features in ``vlm_features``), ``flow`` (flow-matching generators; its SDE in
+``flow_sde``, loading and saving in ``flow_io`` / ``flow_pipeline``, the KL reference in
+``flow_kl``, DiffusionNFT in ``flow_nft``), ``ema`` and the judges served to rewards
+(``judge``). The shared decode loop is ``decode``; CPU attention kernels ``cpu_kernels``.
+Each implements the protocols of :mod:`mmyatt.protocols`; import the module you need
+(``from mmyatt.models.text import TextPolicy``): this package imports none of them, so
+importing it pulls in neither torch nor transformers. The tiny built-in models and how
+each was made live in ``builtin``.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "Policy": "protocol",
-    "Sampling": "protocol",
-    "seeded_generator": "protocol",
-    "prompt_seed": "protocol",
-    "TextPolicy": "text",
-    "PromptTooLongError": "text",
-    "train_bpe_tokenizer": "tokenizer",
-    "TINY_TEXT_CONFIGS": "tiny",
-    "build_tiny_text_model": "tiny",
-    "VLMPolicy": "vlm",
-    "build_tiny_vlm": "tiny_vlm",
-    "FlowPolicy": "flow",
-    "build_tiny_flow_model": "flow_tiny",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])

@@ -9,7 +9,7 @@ x_k -> x_{k+1} at the trained steps, each with the log-prob of the Gaussian SDE 
 It runs the tiny built-ins (``flow_tiny``) in PIXEL space and standard diffusers
 pipeline folders (SD3, Flux, Wan 2.1; ``flow_pipeline``) in LATENT space; loading,
 saving and LoRA adapters are in ``flow_io``; the KL to a reference policy in ``flow_kl``
-and the EMA of the trained weights in ``ema`` (capabilities, as mixins).
+and the EMA of the trained weights in ``ema`` (objects the policy holds).
 
 Exact PPO ratio. diffusers models on CPU are not batch-size invariant: the small
 (B, D) matmuls of the timestep/pooled embedders and the adaLN modulation take a
@@ -27,6 +27,7 @@ fixed-size batch was verified not to change results.
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -36,8 +37,8 @@ from mmyatt.models import flow_io
 from mmyatt.models.builtin.flow_tiny import POSITION_PLANES
 from mmyatt.models.ema import EMAWeights
 from mmyatt.models.flow_io import TRANSFORMERS, add_lora, images_to_tensor, tensor_to_images
-from mmyatt.models.flow_kl import FlowReferenceKL
-from mmyatt.models.flow_pipeline import transformer_forward
+from mmyatt.models.flow_kl import FlowReference, transition_kl
+from mmyatt.models.flow_pipeline import pipeline_sigmas, transformer_forward
 from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, plan_steps, sde_step
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout
@@ -45,7 +46,7 @@ from mmyatt.rollout import Rollout
 __all__ = ["FlowPolicy"]
 
 
-class FlowPolicy(EMAWeights, FlowReferenceKL):
+class FlowPolicy:
     """A flow-matching generator as a policy over denoising transitions.
 
     Args:
@@ -148,7 +149,8 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
         )
         self._t_scale = float((scheduler_config or {}).get("num_train_timesteps", 1000))
         self.lora = None
-        self._ref_model: nn.Module | None = None
+        self.kl_reference = FlowReference()  # enable_reference fixes it
+        self.ema = EMAWeights(self._trainable)  # model.ema_decay: averages of the trained weights
         # False: rollouts return the final samples (latents) as outputs and skip the VAE
         # decode, for rewards that read latents (rewards/image.py reads_latents)
         self.decode_outputs = True
@@ -175,7 +177,7 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
 
     def to(self, device: str | torch.device) -> FlowPolicy:
         """Move every module (transformer, text encoders, VAE, frozen reference) to device."""
-        for m in (self.transformer, self.text_encoder, self.vae, self._ref_model):
+        for m in (self.transformer, self.text_encoder, self.vae, self.kl_reference.copy):
             if m is not None:
                 m.to(device)
         return self
@@ -217,8 +219,6 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
     def _sigmas(self, steps: int) -> Tensor:
         if self.scheduler_config is None:
             return flow_sigmas(steps, self.shift)
-        from mmyatt.models.flow_pipeline import pipeline_sigmas
-
         return pipeline_sigmas(self.scheduler_config, self.family, steps, self._image_seq_len())
 
     def to_pixels(self, x: Tensor) -> Tensor:
@@ -269,7 +269,7 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
             position_channels=self.position_channels,
         )
 
-    def _velocity(
+    def velocity(
         self, model: nn.Module, x: Tensor, sigma: Tensor, cond: Tensor, pooled: Tensor
     ) -> Tensor:
         """Velocity (R, ...) fp32, evaluated in padded chunks of exactly forward_batch rows."""
@@ -299,12 +299,12 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
     ) -> Tensor:
         """CFG v = v_u + g (v_c - v_u) on rows with g > 1, v_c elsewhere; guidance (R,).
         The unconditional branch always runs without grad (flow_grpo detaches it)."""
-        v_c = self._velocity(model, x, sigma, cond, pooled)
+        v_c = self.velocity(model, x, sigma, cond, pooled)
         use = guidance > 1.0
         if not bool(use.any()):
             return v_c
         with torch.no_grad():
-            v_u = self._velocity(model, x, sigma, uncond, uncond_pooled)
+            v_u = self.velocity(model, x, sigma, uncond, uncond_pooled)
         g = guidance.float().reshape(-1, *([1] * (x.ndim - 1)))
         return torch.where(use.reshape(g.shape), v_u + g * (v_c - v_u), v_c)
 
@@ -485,6 +485,62 @@ class FlowPolicy(EMAWeights, FlowReferenceKL):
         if not with_entropy:
             return lp
         return lp, self._entropy(std)
+
+    # ---- KL reference (ReferenceKL, ClosedFormKL; models/flow_kl.py) -----------------------
+    def enable_reference(self) -> None:
+        """Fix the KL reference: with LoRA and reference="lora_disabled" the base model
+        (adapters off) is the reference and nothing is copied; otherwise snapshot a frozen
+        copy of the current transformer."""
+        lora_base = self.reference == "lora_disabled" and self.lora is not None
+        self.kl_reference.enable(self.transformer, lora_base=lora_base)
+
+    def _reference_transitions(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor]:
+        with self.kl_reference.module(self.transformer) as model:
+            return self._transitions(model, rollout)
+
+    def reference_logprobs(self, rollout: Rollout) -> Tensor:
+        """(N, A) log pi_ref of the rollout's transitions, no grad."""
+        return self._reference_transitions(rollout)[0]
+
+    def attach_reference_means(self, rollout: Rollout) -> Rollout:
+        """Store the reference policy's transition means (N, A, ...) in the rollout's
+        context ("ref_mean", fp32, no grad) for the closed-form KL of
+        ``logprobs_with_kl``; returns the same rollout."""
+        rollout.context["ref_mean"] = self._reference_transitions(rollout)[2].detach()
+        return rollout
+
+    def logprobs_with_kl(
+        self, rollout: Rollout, estimator: str = "closed_form", block: int = 0
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(log-probs, entropy, KL) each (N, A): ``logprobs(with_entropy=True)`` plus the
+        closed-form KL(pi || pi_ref) of every transition from one forward pass
+        (``flow_kl.transition_kl``). Needs ``attach_reference_means`` first."""
+        if "ref_mean" not in rollout.context:
+            raise RuntimeError("no reference means: call attach_reference_means(rollout) first")
+        lp, std, mu = self._transitions(self.transformer, rollout)
+        return lp, self._entropy(std), transition_kl(std, mu, rollout.context, estimator, block)
+
+    def reference_velocity(self, x: Tensor, t: Tensor, cond: Tensor, pooled: Tensor) -> Tensor:
+        """The KL reference's velocity at (x, t), no grad (DiffusionNFT's KL term)."""
+        with self.kl_reference.module(self.transformer) as model:
+            return self.velocity(model, x, t, cond, pooled)
+
+    # ---- EMA (models/ema.py) ------------------------------------------------------------
+    def _trainable(self) -> dict[str, nn.Parameter]:
+        return {n: p for n, p in self.module().named_parameters() if p.requires_grad}
+
+    def ema_update(self, decay: float = 0.9) -> None:
+        self.ema.update(decay)
+
+    def ema_state(self) -> dict[str, Tensor] | None:
+        return self.ema.state()
+
+    def load_ema_state(self, state: dict[str, Tensor] | None) -> None:
+        self.ema.load_state(state)
+
+    def ema_weights(self) -> AbstractContextManager:
+        """The EMA weights swapped in (evaluation), restored on exit."""
+        return self.ema.swapped_in()
 
     # ---- supervised flow matching -------------------------------------------------------
     def sft_loss(

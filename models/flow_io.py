@@ -40,6 +40,13 @@ from PIL import Image
 from torch import Tensor
 
 from mmyatt.models.builtin.flow_tiny import OWN_PIPELINE, write_tiny_model_index
+from mmyatt.models.flow_pipeline import (
+    PIPELINE_FAMILIES,
+    build_codec,
+    build_prompt_encoder,
+    load_pipeline_components,
+    write_model_index,
+)
 
 # Attention projections of the joint (SD3/Flux) and self/cross (Wan) attention blocks,
 # flow_grpo's LoRA targets; peft matches them as name suffixes and skips absent ones.
@@ -148,8 +155,6 @@ def load(cls, path: str | Path, **kwargs):
     if not index_file.is_file():
         raise FileNotFoundError(f"{root}: missing component model_index.json")
     index = json.loads(index_file.read_text())
-    from mmyatt.models.flow_pipeline import PIPELINE_FAMILIES
-
     cls_name = index.get("_class_name")
     if cls_name in PIPELINE_FAMILIES:
         return load_pipeline(cls, root, index, **kwargs)
@@ -236,12 +241,6 @@ def load_pipeline(cls, root: Path, index: dict, **kwargs):
     ``embedded_guidance`` (Flux guidance-distilled models), and the constructor's
     options (lora, reference, cfg_uncond_prompt, forward_batch).
     """
-    from mmyatt.models.flow_pipeline import (
-        build_codec,
-        build_prompt_encoder,
-        load_pipeline_components,
-    )
-
     dtype = kwargs.pop("dtype", torch.float32)
     saved = {k: v for k, v in index.get("_mmyatt", {}).items() if v is not None}
     kwargs = {**saved, **kwargs}  # what save() recorded, unless overridden
@@ -347,8 +346,6 @@ def save(policy, path: str, merged: bool = False) -> None:
 def save_pipeline_components(policy, out: Path) -> None:
     """The loaded pipeline's other components and its model_index.json, so the folder
     loads again here and in diffusers' ``DiffusionPipeline.from_pretrained``."""
-    from mmyatt.models.flow_pipeline import write_model_index
-
     comps = policy._pipeline["components"]
     for name, obj in comps.items():
         if name != "transformer" and obj is not None:

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 from mmyatt.algorithms import nft
-from mmyatt.protocols import prompt_seed, seeded_generator
+from mmyatt.models.flow_sde import within_blocks
+from mmyatt.protocols import FlowVelocity, prompt_seed, require, seeded_generator
 from mmyatt.rollout import Rollout
 
 
@@ -47,13 +49,8 @@ class NFTSettings:
 class FlowNFT:
     """The sampling policy and the loss of DiffusionNFT for one ``FlowPolicy``."""
 
-    def __init__(self, policy, settings: NFTSettings, seed: int = 0):
-        for name in ("_velocity", "transformer", "sample_shape"):
-            if not hasattr(policy, name):
-                raise TypeError(
-                    f"algorithm.name=diffusion_nft needs the flow adapter (FlowPolicy); "
-                    f"{type(policy).__name__} has no {name}"
-                )
+    def __init__(self, policy: FlowVelocity, settings: NFTSettings, seed: int = 0):
+        require(policy, FlowVelocity, "algorithm.name=diffusion_nft")
         if settings.reward_norm not in nft.NFT_REWARD_NORMS:
             raise ValueError(f"nft.reward_norm must be one of {nft.NFT_REWARD_NORMS}")
         self.policy, self.s, self.seed = policy, settings, int(seed)
@@ -67,7 +64,7 @@ class FlowNFT:
         initial noise (with a deterministic sampler, a group sharing one noise would be G
         copies of one image)."""
         p = self.policy
-        current, shared = p.transformer, getattr(p, "shared_group_noise", True)
+        current, shared = p.transformer, p.shared_group_noise
         p.transformer, p.shared_group_noise = self.old, False
         try:
             yield p
@@ -127,8 +124,6 @@ class FlowNFT:
         ``samples`` (a sharded engine): the transformer runs on that many samples' rows,
         these padded with copies of the first row (outputs dropped), so every rank runs
         the same sharded forwards and backwards whatever its own N."""
-        from mmyatt.models.flow_sde import within_blocks
-
         p, ctx, k = self.policy, r.context, self.s.timesteps_per_sample
         dev = p.device
         t, noise = self._group_noise(r, step)
@@ -148,8 +143,8 @@ class FlowNFT:
         else:
             tf_in = tf
         with torch.no_grad():
-            v_old = p._velocity(self.old, xt, tf_in, cond, pooled)
-        v = p._velocity(p.transformer, xt, tf_in, cond, pooled)
+            v_old = p.velocity(self.old, xt, tf_in, cond, pooled)
+        v = p.velocity(p.transformer, xt, tf_in, cond, pooled)
         if pad:  # the padding's outputs are dropped: no loss, a zero gradient
             v, v_old = v[:-pad], v_old[:-pad]
         adv = None if r.advantages is None else r.advantages.float()
@@ -184,23 +179,9 @@ class FlowNFT:
 
     def reference_fn(self):
         """A velocity callable of the KL reference (``FlowPolicy.enable_reference``)."""
-        p = self.policy
-
-        def ref(xt, t, cond, pooled):
-            if p._ref_model is not None:
-                return p._velocity(p._ref_model, xt, t, cond, pooled)
-            if p.reference == "lora_disabled" and p.lora is not None:
-                p.transformer.disable_adapters()
-                try:
-                    return p._velocity(p.transformer, xt, t, cond, pooled)
-                finally:
-                    p.transformer.enable_adapters()
-            raise RuntimeError("no reference policy: call enable_reference() first")
-
-        return ref
+        return self.policy.reference_velocity
 
 
 def _whole(t: Tensor) -> Tensor:
     """A DTensor's whole value (a collective: every rank calls it); others as they are."""
-    full = getattr(t, "full_tensor", None)
-    return full() if full is not None else t
+    return t.full_tensor() if isinstance(t, DTensor) else t

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mmyatt.models.builtin.flow_tiny import position_planes
+
 __all__ = [
     "PIPELINE_FAMILIES",
     "ImageVAE",
@@ -374,8 +376,6 @@ def transformer_forward(
         )[0]
     if family == "wan":
         if position_channels:
-            from mmyatt.models.builtin.flow_tiny import position_planes
-
             x = torch.cat([x, position_planes(x)], dim=1)
         return model(
             hidden_states=x,

@@ -48,8 +48,8 @@ from mmyatt.models.text import _eos_ids
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
-from .vlm_features import VLMFeatures, is_encoded
-from .vlm_inputs import MEDIA_KEYS, VLMInputs
+from .vlm_features import VisionFeatures, is_encoded
+from .vlm_inputs import MEDIA_KEYS, VLMPrompts
 
 logger = logging.getLogger("mmyatt.models.vlm")
 
@@ -63,7 +63,7 @@ VISION_SPECIAL_TOKENS = (
 )
 
 
-class VLMPolicy(VLMInputs, VLMFeatures):
+class VLMPolicy:
     """The Policy protocol for a Qwen2-VL / Qwen2.5-VL model, tokenizer and image processor.
 
     ``max_prompt_tokens`` fixes the prompt width P (image/video tokens included); a
@@ -97,22 +97,23 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.max_prompt_tokens = int(max_prompt_tokens)
-        self.system_prompt = system_prompt
-        self.video_fps = float(video_fps)
-        self.video_max_frames = int(video_max_frames)
         self.reference: nn.Module | None = None
         self.stats: dict[str, int] = {"samples_generated": 0, "tokens_generated": 0}
 
         config = model.config
         self.image_token_id = int(config.image_token_id)
         self.video_token_id = int(config.video_token_id)
-        self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
-        self.video_token = tokenizer.convert_ids_to_tokens(self.video_token_id)
-        vision = config.vision_config
-        self.merge = int(vision.spatial_merge_size)
-        self.patch = int(getattr(image_processor, "patch_size", None) or vision.patch_size)
-        self.temporal_patch = int(
-            getattr(image_processor, "temporal_patch_size", None) or vision.temporal_patch_size
+        # records -> chat messages, expanded token ids and pixels (vlm_inputs)
+        self.prompts = VLMPrompts(
+            tokenizer,
+            image_processor,
+            image_token_id=self.image_token_id,
+            video_token_id=self.video_token_id,
+            vision_config=config.vision_config,
+            max_prompt_tokens=self.max_prompt_tokens,
+            system_prompt=system_prompt,
+            video_fps=video_fps,
+            video_max_frames=video_max_frames,
         )
 
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -151,6 +152,10 @@ class VLMPolicy(VLMInputs, VLMFeatures):
 
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # vision features in place of pixels, for placement.balance (vlm_features)
+        self.features = VisionFeatures(
+            model, self.image_token_id, self.video_token_id, cache_kwarg=self._cache_kwarg
+        )
         self._has_logits_to_keep = "logits_to_keep" in params
         self._has_mm_types = "mm_token_type_ids" in params
         rope = self._rope_fn(model)
@@ -478,7 +483,7 @@ class VLMPolicy(VLMInputs, VLMFeatures):
         if keep and self._has_logits_to_keep:
             kw["logits_to_keep"] = keep
         if media is not None and any(is_encoded(m) for m in media):  # encode_media's features
-            return self._forward_encoded(model, ids, attn, positions, media, kw)
+            return self.features.forward_encoded(model, ids, attn, positions, media, kw)
         if media is not None:
             batched = self._batch_media(media, ids.device)
             for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
@@ -504,6 +509,24 @@ class VLMPolicy(VLMInputs, VLMFeatures):
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    # --- prompts and media (MediaPrompts; vlm_inputs, vlm_features) -----------------------
+    def prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
+        """{"ids": prompt token ids (placeholders expanded), "media": per-sample tensors};
+        ``limit`` enforces ``max_prompt_tokens``."""
+        return self.prompts.prepare(record, index, limit=limit)
+
+    def messages(self, record: dict, source: str) -> tuple[list[dict], list, list]:
+        return self.prompts.messages(record, source)
+
+    def image_token_count(self, image) -> int:
+        """How many ``<|image_pad|>`` tokens an image becomes."""
+        return self.prompts.image_token_count(image)
+
+    def encode_media(self, rollout: Rollout) -> Rollout:
+        """``rollout`` with each sample's pixels replaced by the frozen vision tower's
+        output (``VisionFeatures.encode_media``)."""
+        return self.features.encode_media(rollout)
 
     def encode_prompts(self, records: list[dict]) -> list[list[int]]:
         """Each record's prompt ids, vision placeholders expanded (its media are read)."""

@@ -1,21 +1,31 @@
 """Vision features in place of pixels (``placement.balance`` for VLM policies).
 
-``VLMFeatures.encode_media`` runs the frozen vision tower once over a rollout's media and
+``VisionFeatures.encode_media`` runs the frozen vision tower once over a rollout's media and
 keeps its output, one row per placeholder token, beside the grids M-RoPE needs;
-``_forward_encoded`` puts those rows where the model would put the tower's output. The
+``forward_encoded`` puts those rows where the model would put the tower's output. The
 samples can then train on any controller, and only their token tensors move
-(mmyatt/placement/exchange.py). A mixin of ``VLMPolicy`` (models/vlm.py), which provides
-``model``, ``image_token_id``, ``video_token_id``, ``_device`` and ``_cache_kwarg``.
+(mmyatt/placement/exchange.py). ``VLMPolicy`` (models/vlm.py) holds one, over its model.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from mmyatt.rollout import Rollout
 
 
-class VLMFeatures:
+class VisionFeatures:
+    """The vision tower's output in place of a rollout's pixels, and the forward that
+    reads it, for one Qwen2-VL-family ``model``."""
+
+    def __init__(
+        self, model: nn.Module, image_token_id: int, video_token_id: int, *, cache_kwarg: str
+    ):
+        self.model = model
+        self.image_token_id, self.video_token_id = image_token_id, video_token_id
+        self.cache_kwarg = cache_kwarg
+
     @torch.no_grad()
     def encode_media(self, rollout: Rollout) -> Rollout:
         """``rollout`` with each sample's pixels replaced by its vision tower's output
@@ -44,7 +54,7 @@ class VLMFeatures:
             return m
         out = {k: m.get(k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
         out["encoded"] = True
-        dev = self._device()
+        dev = next(self.model.parameters()).device
         for pixels, grid, key, fn in (
             ("pixel_values", "image_grid_thw", "image_embeds", "get_image_features"),
             ("pixel_values_videos", "video_grid_thw", "video_embeds", "get_video_features"),
@@ -57,7 +67,7 @@ class VLMFeatures:
                 out[key] = got.float().cpu()
         return out
 
-    def _forward_encoded(self, model, ids, attn, positions, media, kw):
+    def forward_encoded(self, model, ids, attn, positions, media, kw):
         """The forward of samples whose vision features came with them (``encode_media``):
         the features take their placeholder tokens' place in the input embeddings, in
         row order, as the model itself places the vision tower's output."""
@@ -76,7 +86,7 @@ class VLMFeatures:
             inputs_embeds=emb,
             attention_mask=attn,
             position_ids=positions,
-            use_cache=kw.get(self._cache_kwarg) is not None,
+            use_cache=kw.get(self.cache_kwarg) is not None,
             **kw,
         )
 

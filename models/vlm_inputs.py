@@ -1,7 +1,6 @@
 """What a VLM prompt becomes before the model sees it: chat messages, token ids with the
 vision placeholders expanded, and the per-sample pixel tensors, for
-:class:`~mmyatt.models.vlm.VLMPolicy` (a mixin over its tokenizer, image processor and
-model config).
+:class:`~mmyatt.models.vlm.VLMPolicy` (:class:`VLMPrompts`, an object the policy holds).
 
 * **Media.** A record is ``{"prompt": str | messages, "image": path | PIL | data URL |
   list of those, "video": path | (T, H, W, 3) frames | list of frames, ...}``. Images go
@@ -28,6 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
+
+from mmyatt.datasets.media import VIDEO_SUFFIXES, load_image, load_video_with_fps
 
 MEDIA_KEYS = (  # the per-sample media tensors of a prompt (None when absent)
     "pixel_values",
@@ -62,18 +63,41 @@ def smart_resize(
     return h, w
 
 
-class VLMInputs:
-    """Prompt and media preparation of a VLM policy with ``tokenizer``,
-    ``image_processor``, ``image_token`` / ``video_token``, ``merge``, ``patch``,
-    ``temporal_patch``, ``max_prompt_tokens``, ``system_prompt`` and ``video_fps`` /
-    ``video_max_frames`` (VLMPolicy)."""
+class VLMPrompts:
+    """Prompt and media preparation of a VLM policy (an object ``VLMPolicy`` holds):
+    the tokenizer and image processor, the placeholder tokens and the patch geometry of
+    the vision tower, and how prompts and videos are limited."""
+
+    def __init__(
+        self,
+        tokenizer,
+        image_processor,
+        *,
+        image_token_id: int,
+        video_token_id: int,
+        vision_config,
+        max_prompt_tokens: int,
+        system_prompt: str | None = None,
+        video_fps: float = 2.0,
+        video_max_frames: int = 8,
+    ):
+        self.tokenizer, self.image_processor = tokenizer, image_processor
+        self.image_token = tokenizer.convert_ids_to_tokens(image_token_id)
+        self.video_token = tokenizer.convert_ids_to_tokens(video_token_id)
+        self.merge = int(vision_config.spatial_merge_size)
+        self.patch = int(getattr(image_processor, "patch_size", None) or vision_config.patch_size)
+        self.temporal_patch = int(
+            getattr(image_processor, "temporal_patch_size", None)
+            or vision_config.temporal_patch_size
+        )
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.system_prompt = system_prompt
+        self.video_fps, self.video_max_frames = float(video_fps), int(video_max_frames)
 
     def image_token_count(self, image: Any) -> int:
         """How many ``<|image_pad|>`` tokens an image becomes (4 for 56x56 with the tiny
         models: a 4x4 patch grid merged 2x2)."""
-        return (
-            int(self._image_inputs([_media().load_image(image)])[1].prod(-1).sum()) // self.merge**2
-        )
+        return int(self.image_inputs([load_image(image)])[1].prod(-1).sum()) // self.merge**2
 
     def prepare(self, record: dict, index: int, *, limit: bool = True) -> dict:
         """{"ids": prompt token ids (placeholders expanded), "media": per-sample tensors};
@@ -85,14 +109,14 @@ class VLMInputs:
         )
         media: dict[str, Tensor | None] = dict.fromkeys(MEDIA_KEYS)
         if images:
-            media["pixel_values"], media["image_grid_thw"] = self._image_inputs(images)
+            media["pixel_values"], media["image_grid_thw"] = self.image_inputs(images)
             text = self._expand(text, self.image_token, media["image_grid_thw"], source)
         elif self.image_token in text:
             raise ValueError(f"prompt {source} has an image placeholder but no image")
         if videos:
             pv, grids, seconds = [], [], []
             for frames, fps in videos:
-                values, grid = self._video_inputs(frames)
+                values, grid = self.video_inputs(frames)
                 pv.append(values)
                 grids.append(grid)
                 seconds.append(self.temporal_patch / fps)
@@ -116,7 +140,6 @@ class VLMInputs:
     def messages(self, record: dict, source: str) -> tuple[list[dict], list[Image.Image], list]:
         """Chat messages with normalised parts, the images and the (frames, fps) videos
         in the order their placeholders appear."""
-        media = _media()
         pending_images = _as_list(record.get("image"), is_video=False)
         pending_video = _as_list(record.get("video"), is_video=True)
         video_fps = float(record.get("video_fps") or self.video_fps)
@@ -127,7 +150,7 @@ class VLMInputs:
             if isinstance(payload, np.ndarray) and payload.ndim == 4:
                 frames, fps = payload, video_fps
             else:
-                frames, fps = media.load_video_with_fps(
+                frames, fps = load_video_with_fps(
                     payload, fps=self.video_fps, max_frames=self.video_max_frames, source=source
                 )
             videos.append((np.asarray(frames, dtype=np.uint8), fps))
@@ -136,7 +159,7 @@ class VLMInputs:
         if isinstance(prompt, str):
             parts: list[dict] = []
             for image in pending_images:
-                images.append(media.load_image(image, source=source))
+                images.append(load_image(image, source=source))
                 parts.append({"type": "image"})
             for video in pending_video:
                 take_video(video)
@@ -164,7 +187,7 @@ class VLMInputs:
                             if not pending_images:
                                 raise ValueError(f"prompt {source}: more image parts than images")
                             payload = pending_images.pop(0)
-                        images.append(media.load_image(payload, source=source))
+                        images.append(load_image(payload, source=source))
                         parts.append({"type": "image"})
                     elif kind == "video":
                         payload = part.get("video")
@@ -185,11 +208,11 @@ class VLMInputs:
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         return messages, images, videos
 
-    def _image_inputs(self, images: list[Image.Image]) -> tuple[Tensor, Tensor]:
+    def image_inputs(self, images: list[Image.Image]) -> tuple[Tensor, Tensor]:
         out = self.image_processor(images=images, return_tensors="pt")
         return out["pixel_values"].float(), out["image_grid_thw"].long()
 
-    def _video_inputs(self, frames: np.ndarray) -> tuple[Tensor, Tensor]:
+    def video_inputs(self, frames: np.ndarray) -> tuple[Tensor, Tensor]:
         """(gt*gh*gw, C*tp*p*p) float pixels and (1, 3) grid, laid out as Qwen's processors."""
         ip = self.image_processor
         p, m, tp = self.patch, self.merge, self.temporal_patch
@@ -233,12 +256,6 @@ class VLMInputs:
         return "".join(out)
 
 
-def _media():
-    from mmyatt.datasets import media
-
-    return media
-
-
 def _as_list(value: Any, *, is_video: bool) -> list:
     """Record media as a list of items. Images: one item or a list. Videos: a path, a
     (T, H, W, 3) array or a list of frames is one video; a list of video paths is several."""
@@ -246,7 +263,7 @@ def _as_list(value: Any, *, is_video: bool) -> list:
         return []
     if not is_video:
         return list(value) if isinstance(value, (list, tuple)) else [value]
-    suffixes = _media().VIDEO_SUFFIXES
+    suffixes = VIDEO_SUFFIXES
     if isinstance(value, (list, tuple)) and all(
         isinstance(v, (str, Path)) and str(v).lower().endswith(suffixes) for v in value
     ):

@@ -1,21 +1,71 @@
 """The contract every policy adapter (text, VLM, flow) passes.
 
-A test module for an adapter subclasses ``AdapterContract`` and provides three
-methods; pytest collects the inherited tests. Keep this file free of any modality.
+A test module for an adapter subclasses ``AdapterContract``, provides three methods and
+names the capability protocols the adapter has (``capabilities``); pytest collects the
+inherited tests. The adapter must have every member of the Policy protocol and of its
+capabilities, and none of the other capabilities (the engine checks them with
+``isinstance``, never ``hasattr``). Keep this file free of any modality.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mmyatt.protocols import Policy, Sampling
+from mmyatt.protocols import (
+    EMA,
+    ClosedFormKL,
+    FlowVelocity,
+    LatentOutputs,
+    MediaPrompts,
+    Policy,
+    PolicyWrapper,
+    ReferenceKL,
+    RolloutStats,
+    Sampling,
+    SupervisedPolicy,
+    TokenPolicy,
+    WholeWeights,
+)
 from mmyatt.rollout import Rollout
 from mmyatt.step.batches import micro_batch_cost, row_widths, token_micro_batches
+
+# every capability an adapter may have (RolloutStats, WholeWeights and PolicyWrapper are
+# an engine's: no adapter has them)
+CAPABILITIES = (
+    TokenPolicy,
+    MediaPrompts,
+    ReferenceKL,
+    ClosedFormKL,
+    EMA,
+    LatentOutputs,
+    FlowVelocity,
+    SupervisedPolicy,
+    RolloutStats,
+    WholeWeights,
+    PolicyWrapper,
+)
+
+
+def declared(protocol: type) -> tuple[set[str], set[str]]:
+    """(methods, attributes) a protocol and the protocols it extends declare."""
+    methods: set[str] = set()
+    attributes: set[str] = set()
+    for base in protocol.__mro__:
+        if base.__module__ == "typing" or not vars(base).get("_is_protocol"):
+            continue
+        for name, value in vars(base).items():
+            if callable(value) and not name.startswith("_"):
+                methods.add(name)
+            elif isinstance(value, property):
+                attributes.add(name)
+        attributes |= set(vars(base).get("__annotations__", {}))
+    return methods, attributes
 
 
 class AdapterContract:
     group_size = 3
     atol = 1e-5
+    capabilities: tuple[type, ...] = ()  # the capability protocols the adapter has
 
     # --- to provide -------------------------------------------------------------
     def make_policy(self) -> Policy:  # a tiny, seeded policy
@@ -37,6 +87,54 @@ class AdapterContract:
 
     def test_is_policy(self):
         assert isinstance(self.make_policy(), Policy)
+
+    def test_has_every_declared_member_of_its_capabilities_and_no_other_capability(self):
+        policy = self.make_policy()
+        for capability in CAPABILITIES:
+            assert isinstance(policy, capability) == (capability in self.capabilities), (
+                capability.__name__
+            )
+        for protocol in (Policy, *self.capabilities):
+            methods, attributes = declared(protocol)
+            assert methods or attributes, protocol.__name__
+            for name in sorted(methods):
+                assert callable(getattr(policy, name)), f"{protocol.__name__}.{name}"
+            for name in sorted(attributes):
+                assert name in dir(policy), f"{protocol.__name__}.{name}"
+
+    def test_reference_logprobs(self):
+        if ReferenceKL not in self.capabilities:
+            return
+        policy, prompts = self.make_policy(), self.make_prompts()
+        r = self._rollout(policy, prompts)
+        policy.enable_reference()
+        ref = policy.reference_logprobs(r)
+        m = r.mask.bool()
+        assert ref.shape == r.logprobs.shape and not ref.requires_grad
+        assert torch.isfinite(ref[m]).all()
+
+    def test_token_members_are_what_sampling_used(self):
+        """A rollout engine other than the adapter's sampler (vLLM) reads these: the
+        prompt ids it sends must be the rollout's, banned ids must never be sampled."""
+        if TokenPolicy not in self.capabilities:
+            return
+        policy, prompts = self.make_policy(), self.make_prompts()
+        r = self._rollout(policy, prompts)
+        ids, attn = r.context["input_ids"], r.context["attention_mask"]
+        P = ids.shape[1] - r.num_actions
+        assert P == policy.max_prompt_tokens
+        encoded = policy.encode_prompts(prompts)
+        for i in range(len(r)):
+            row = ids[i, :P][attn[i, :P].bool()].tolist()
+            assert row == list(encoded[i // self.group_size]), i
+        assert not torch.isin(r.actions[r.mask.bool()], policy.banned_tokens).any()
+        vocab = max(len(policy.tokenizer), int(policy.banned_tokens.max()) + 1)
+        tempered = policy.tempered(torch.zeros(2, vocab), 0.5)
+        assert (tempered[:, policy.banned_tokens] == torch.finfo(torch.float32).min).all()
+        kept = torch.ones(vocab, dtype=torch.bool)
+        kept[policy.banned_tokens] = False
+        assert (tempered[:, kept] == 0).all()
+        assert policy.eos_ids and not set(policy.banned_tokens.tolist()) & policy.eos_ids
 
     def test_rollout_shapes(self):
         policy, prompts = self.make_policy(), self.make_prompts()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from adapter_contract import AdapterContract
+from test_flow_policy import FLOW_CAPABILITIES
 
 from mmyatt.models.builtin.flow_tiny import build_word_tokenizer
 from mmyatt.models.flow import FlowPolicy
@@ -276,6 +277,7 @@ def test_pipeline_geometry_and_latent_shapes():
 class _PipelineContract(AdapterContract):
     kind = "sd3"
     group_size = 2
+    capabilities = FLOW_CAPABILITIES
 
     def make_policy(self):
         return _load(self.kind, lora=LORA)

@@ -17,7 +17,15 @@ from adapter_contract import AdapterContract
 from mmyatt.models.builtin.flow_tiny import build_tiny_flow_model
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.models.flow_sde import flow_sigmas
-from mmyatt.protocols import Sampling
+from mmyatt.protocols import (
+    EMA,
+    ClosedFormKL,
+    FlowVelocity,
+    LatentOutputs,
+    ReferenceKL,
+    Sampling,
+    SupervisedPolicy,
+)
 
 torch.set_num_threads(1)
 
@@ -49,7 +57,12 @@ def _bump_lora(policy: FlowPolicy, value: float = 0.05) -> None:
                 p.add_(value)
 
 
+# what a flow adapter can do besides the Policy protocol (the pipeline folders too)
+FLOW_CAPABILITIES = (ReferenceKL, ClosedFormKL, EMA, LatentOutputs, FlowVelocity, SupervisedPolicy)
+
+
 class TestFlowPolicyContract(AdapterContract):
+    capabilities = FLOW_CAPABILITIES
     group_size = 3
 
     def make_policy(self):
@@ -171,7 +184,7 @@ def test_only_lora_weights_train():
 def test_reference_logprobs(mode):
     policy = _policy(lora=LORA, reference=mode)
     policy.enable_reference()
-    assert (policy._ref_model is None) == (mode == "lora_disabled")  # no copy with LoRA off
+    assert (policy.kl_reference.copy is None) == (mode == "lora_disabled")  # no copy with LoRA off
     r = policy.generate(PROMPTS, 2, Sampling(denoise_steps=2), [1, 2])
     ref = policy.reference_logprobs(r)
     assert torch.equal(ref, r.logprobs)  # before any update: reference == policy

@@ -148,11 +148,11 @@ def test_flow_nft_rollout_loss_and_gradient(kind):
     # the KL to a reference adds kl_coef x the mean squared velocity gap (texture only
     # with kl_block); a reference equal to the policy adds nothing
     same = trainer.loss(
-        r, step=0, kl_coef=3.0, kl_block=4, reference=lambda *a: policy._velocity(trainer.old, *a)
+        r, step=0, kl_coef=3.0, kl_block=4, reference=lambda *a: policy.velocity(trainer.old, *a)
     )
     assert torch.allclose(same[0], rows) and float(same[1]["kl"]) == 0.0
     shifted = trainer.loss(
-        r, step=0, kl_coef=3.0, reference=lambda *a: policy._velocity(trainer.old, *a) + 0.5
+        r, step=0, kl_coef=3.0, reference=lambda *a: policy.velocity(trainer.old, *a) + 0.5
     )
     assert torch.allclose(shifted[0], rows + 3.0 * 0.25, atol=1e-5)
     # a constant shift is the same in every 4x4 tile: the texture-only KL ignores it
@@ -161,7 +161,7 @@ def test_flow_nft_rollout_loss_and_gradient(kind):
         step=0,
         kl_coef=3.0,
         kl_block=4,
-        reference=lambda *a: policy._velocity(trainer.old, *a) + 0.5,
+        reference=lambda *a: policy.velocity(trainer.old, *a) + 0.5,
     )
     assert float(flat[1]["kl"]) < 1e-10
     # half rewards everywhere: no gradient at the old policy

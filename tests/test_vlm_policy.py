@@ -14,7 +14,7 @@ from mmyatt.datasets.media import image_to_data_url, write_video
 from mmyatt.models.builtin.tiny_vlm import VISION_TOKENS, build_tiny_vlm
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.models.vlm_inputs import PromptTooLongError
-from mmyatt.protocols import Sampling
+from mmyatt.protocols import MediaPrompts, ReferenceKL, Sampling, SupervisedPolicy, TokenPolicy
 
 torch.set_num_threads(1)
 
@@ -51,6 +51,8 @@ def policy(tiny_dir):
 
 
 class TestVLMPolicyContract(AdapterContract):
+    capabilities = (TokenPolicy, MediaPrompts, ReferenceKL, SupervisedPolicy)
+
     @pytest.fixture(autouse=True)
     def _model_dir(self, tiny_dir):
         self.model_dir = tiny_dir
@@ -119,7 +121,7 @@ def test_56px_image_is_four_tokens(policy):
 
 def test_still_video_matches_image_pixels(policy):
     frames = np.stack([np.asarray(square("red"))] * 2)
-    video, grid = policy._video_inputs(frames)
+    video, grid = policy.prompts.video_inputs(frames)
     image = policy.prepare({"prompt": "x", "image": square("red")}, 0)["media"]["pixel_values"]
     assert grid.tolist() == [[1, 4, 4]]
     assert torch.allclose(video, image, atol=1e-5)
