@@ -338,3 +338,23 @@ def media_transform(record: dict, *, fps: float = 2.0, max_frames: int = 8) -> d
         if isinstance(video, str):
             out.setdefault("video_path", video)
     return out
+
+
+def check_media(record: dict) -> dict:
+    """``record`` unchanged once every local file its ``image`` / ``video`` names exists;
+    a :class:`MediaError` naming the file and the record otherwise. Nothing is decoded:
+    this is the check a launcher runs over a whole manifest before controllers start
+    (``ShardedManifest.check_records``); decoding errors surface at first read."""
+    source = record.get("_source")
+    for key in ("image", "video"):
+        value = record.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if not isinstance(item, (str, os.PathLike)):
+                continue
+            text = os.fspath(item)
+            if text.startswith("data:") or ("://" in text and not text.startswith("file://")):
+                continue
+            path = resolve_media_path(text.removeprefix("file://"), source)
+            if not path.is_file():
+                raise MediaError(f"{_where(source)}: {key} file not found: {str(path)!r}")
+    return record

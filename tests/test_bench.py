@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from mmyatt.bench import fault_runs, registry
 from mmyatt.bench.text_grpo import TEXT_GRPO_ARMS
+from mmyatt.checkpoint.checkpointer import Checkpointer
 from mmyatt.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,7 +206,7 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("FAULT_SAVE_DELAY_FROM_CALL", str(fault_runs.STEP4_FIRST_CALL))
     monkeypatch.setenv("FAULT_SAVE_DELAY_S", "30")
-    monkeypatch.setenv("MMYATT_FAULT_SAVE_DELAY_S", "0")  # restored when the test ends
+    monkeypatch.setattr(Checkpointer, "_wait_for_ranks", Checkpointer._wait_for_ranks)  # restored
     marks = Path(env["FAULT_MARK_DIR"])
     mod = importlib.import_module("faultreward_t")
     try:
@@ -218,9 +218,9 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
         assert m["rank"] == 1 and m["call"] == 25
         for _ in range(7):  # the rest of step 3: no checkpoint delay yet
             mod.reward("abc", {})
-        assert os.environ["MMYATT_FAULT_SAVE_DELAY_S"] == "0"
+        assert not getattr(Checkpointer._wait_for_ranks, "delayed", False)
         mod.reward("abc", {})  # call 33: step 4, whose checkpoint is delayed
-        assert os.environ["MMYATT_FAULT_SAVE_DELAY_S"] == "30"
+        assert Checkpointer._wait_for_ranks.delayed  # the saves from step 4 on wait
         (marks / "ARMED").unlink()
         mod = importlib.reload(mod)
         for _ in range(32):

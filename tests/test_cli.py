@@ -157,22 +157,49 @@ def test_a_missing_media_file_is_one_line_and_debug_shows_the_traceback(
 ):
     from mmyatt.cli import main as cli
     from mmyatt.datasets.media import MediaError
-    from mmyatt.step import run
 
-    def train(*_):
+    def train(*_, **__):
         raise MediaError("train.jsonl:3: image 'img/cat.png' not found")
 
-    monkeypatch.setattr(run, "train", train)
+    monkeypatch.setattr(cli, "train", train)
     monkeypatch.delenv("MMYATT_DEBUG", raising=False)
-    assert cli.main(["train", "x.yaml"]) == 2
+    assert cli.main(["train", "text_grpo_tiny"]) == 2
     assert "train.jsonl:3: image 'img/cat.png'" in _one_clean_line(capsys.readouterr().err)
     with pytest.raises(MediaError):
-        cli.main(["train", "x.yaml", "--debug"])
+        cli.main(["train", "text_grpo_tiny", "--debug"])
     assert os.environ.pop("MMYATT_DEBUG") == "1"  # what controller processes inherit
 
-    def crash(*_):
+    def crash(*_, **__):
         raise RuntimeError("a bug, not the user's error")
 
-    monkeypatch.setattr(run, "train", crash)
+    monkeypatch.setattr(cli, "train", crash)
     with pytest.raises(RuntimeError):  # not a user error: the traceback stays
-        cli.main(["train", "x.yaml"])
+        cli.main(["train", "text_grpo_tiny"])
+
+
+def test_help_lists_no_internal_command_and_train_help_lists_the_recipes(capsys):
+    from mmyatt.cli import main as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "_controller" not in out and "SUPPRESS" not in out
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "docs/configuration.md" in out and "CONFIG" in out
+    for recipe in Path(ROOT / "configs").glob("*.yaml"):
+        assert recipe.stem in out
+    assert "[key=value ...]" in out  # optional overrides
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "CONFIG" in err and "overrides" not in err and "key=value" not in err
+
+
+def test_a_recipe_is_found_by_name():
+    from mmyatt.cli.main import resolve_recipe
+
+    assert resolve_recipe("text_grpo_tiny") == str(ROOT / "configs" / "text_grpo_tiny.yaml")
+    assert resolve_recipe("text_grpo_tiny.yaml") == str(ROOT / "configs" / "text_grpo_tiny.yaml")

@@ -41,6 +41,19 @@ REWARD = """
 import json, os, time
 calls = 0
 held = False
+def delay_saves(seconds):
+    # widen the window in which a kill lands between a checkpoint's data files and its
+    # completion marker: the rank that writes the marker waits first (this controller's
+    # Checkpointer, patched here; the library has no fault hook)
+    from mmyatt.checkpoint.checkpointer import Checkpointer
+    wait = Checkpointer._wait_for_ranks
+    if getattr(wait, "delayed", False):
+        return
+    def wait_then_delay(self, tmp, step):
+        wait(self, tmp, step)
+        time.sleep(seconds)
+    wait_then_delay.delayed = True
+    Checkpointer._wait_for_ranks = wait_then_delay
 def reward(completion, record):
     global calls, held
     calls += 1
@@ -51,7 +64,7 @@ def reward(completion, record):
             return float("nan")
     delay_from = os.environ.get("FAULT_SAVE_DELAY_FROM_CALL")
     if delay_from and calls >= int(delay_from):  # delay only the saves after this call
-        os.environ["MMYATT_FAULT_SAVE_DELAY_S"] = os.environ["FAULT_SAVE_DELAY_S"]
+        delay_saves(float(os.environ["FAULT_SAVE_DELAY_S"]))
     mark = os.environ.get("FAULT_MARK_CALLS")
     if mark and not held and os.path.exists(os.environ["FAULT_ARM"]):
         lo, hi = map(int, mark.split("-"))

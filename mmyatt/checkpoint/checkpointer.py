@@ -421,9 +421,6 @@ class Checkpointer:
         if self.rank != 0:
             return
         self._wait_for_ranks(tmp, step)
-        # fault-injection hook (`mmyatt bench faults`): widens the window in which a kill
-        # lands between the data files and the completion marker
-        time.sleep(float(os.environ.get("MMYATT_FAULT_SAVE_DELAY_S", "0")))
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         info = {"step": step, "world_size": self.world_size, "time": time.time(), "files": files}
         _write_text(tmp / COMPLETE, json.dumps(info, indent=1))

@@ -37,6 +37,7 @@ interval (``bench_figures.py``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -60,6 +61,8 @@ from mmyatt.placement.bench_figures import (
     paired_ratio,
 )
 from mmyatt.placement.bench_memory import memory_arms
+
+logger = logging.getLogger(__name__)
 
 JUDGE_TOKENS = 16
 # placement.judge_threads in every arm: 0 = one per core (the default until 2026-12-05,
@@ -272,7 +275,7 @@ def _arm_rounds(
             rec = {f: _mean([r.get(key) for r in rows]) for f, key in figures.items()}
             rec.update(steps_measured=len(rows), wall_s=time.perf_counter() - t0)
             runs[a].append(rec)
-            print(f"[bench] {label} round {k + 1} {a}: {rec}", flush=True)
+            logger.info(f"[bench] {label} round {k + 1} {a}: {rec}")
     return runs
 
 
@@ -410,7 +413,7 @@ def bench_placement(
         for wl in workloads:
             if wl == "over_dispatch":
                 out["over_dispatch_run"] = _dispatch_arms(tmp, base, steps, rounds)
-                print(f"[bench] placement over-dispatch: {out['over_dispatch_run']}", flush=True)
+                logger.info(f"[bench] placement over-dispatch: {out['over_dispatch_run']}")
                 _save(out, progress)
                 continue
             if wl == "judge_memory":
@@ -419,7 +422,7 @@ def bench_placement(
                 continue
             if wl == "balance":
                 out["balance_run"] = _balance_arms(tmp, base, steps, rounds)
-                print(f"[bench] placement balance: {out['balance_run']}", flush=True)
+                logger.info(f"[bench] placement balance: {out['balance_run']}")
                 _save(out, progress)
                 continue
             per_round: dict[str, list] = {m: [] for m in MODES}
@@ -439,7 +442,7 @@ def bench_placement(
                         arm = _arm(tmp, name, arm_base + extra, steps)
                         fig = f"{arm['step_s']:.3f} s/step"
                     per_round[mode].append(arm)
-                    print(f"[bench] placement {wl} round {k + 1} {mode}: {fig}", flush=True)
+                    logger.info(f"[bench] placement {wl} round {k + 1} {mode}: {fig}")
                     out[wl] = _combine(per_round, wl)
                     out[wl]["rounds"] = k + 1
                     out[wl]["colocate_judge_threads"] = COLOCATE_JUDGE_THREADS

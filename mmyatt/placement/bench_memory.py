@@ -6,6 +6,7 @@ while training runs: peak RSS per phase and step time, side by side in rotated r
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import torch
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.placement import bench
 from mmyatt.placement.bench_figures import _combine, paired_ratio
+
+logger = logging.getLogger(__name__)
 
 # a judge whose weights outweigh the noise of the processes' memory
 # (~25 M parameters, ~100 MB in float32; random init, built here from a config)
@@ -84,10 +87,9 @@ def memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict
                 over = base + modes[mode] + small + pol
                 arm = bench._arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
                 per_round[mode].append(arm)
-                print(
+                logger.info(
                     f"[bench] placement judge_memory {name} round {k + 1} {mode}: peak "
-                    f"{arm['peak_rss_mb']:.0f} MB, {arm['step_s']:.3f} s/step",
-                    flush=True,
+                    f"{arm['peak_rss_mb']:.0f} MB, {arm['step_s']:.3f} s/step"
                 )
         arms = _combine(per_round, "judge_memory")
         c, p = arms["colocate"], arms["partial"]

@@ -6,10 +6,12 @@ time, reload time, peak RSS). Speaks the server's ``/sleep``, ``/wake_up``,
 from __future__ import annotations
 
 import json
-import sys
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+
+logger = logging.getLogger(__name__)
 
 
 class JudgeControl:
@@ -67,11 +69,9 @@ class JudgeControl:
                 total += float(self._call(u, "/sleep", {}).get("sleep_s", 0.0))
             except urllib.error.HTTPError as error:
                 self.can_release = False
-                print(
+                logger.warning(
                     f"[placement] judge {u} cannot release its weights (HTTP {error.code}); "
-                    "the run keeps them loaded (colocate, partial_release_judge)",
-                    file=sys.stderr,
-                    flush=True,
+                    "the run keeps them loaded (colocate, partial_release_judge)"
                 )
                 return 0.0
         return total

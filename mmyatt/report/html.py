@@ -16,12 +16,14 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
+from mmyatt.outputs.samples import GRID_COLUMNS, read_captions
 from mmyatt.report import plots
 from mmyatt.report.inspect import Run, load_run
 
@@ -43,6 +45,7 @@ CARD_CSS = """
   background:#fafafa;color:#222}
 .card img{width:128px;height:128px;display:block;margin-bottom:4px;image-rendering:pixelated}
 .q{color:#666;font-style:italic} code{font-size:12px;background:#f0f0f0;padding:0 2px}
+ul.reasons{margin:2px 0 4px 0;padding-left:16px}
 """
 
 
@@ -119,14 +122,16 @@ def _media_html(run: Run, row: pd.Series, cls: str = "") -> str:
 
 
 def _verdicts_html(run: Run, row: pd.Series) -> str:
+    """Each judge's verdict and, under it, why: one line per question, repeat or text."""
     parts = []
     for term in run.judge_terms:
         v = row.get(f"verdict/{term}")
         if v is None or (isinstance(v, float) and math.isnan(v)):
             continue
-        raw = row.get(f"raw/{term}")
+        reasons = "".join(f"<li>{_e(x)}</li>" for x in run.reasons(row, term))
         parts.append(
-            f"<div><b>{_e(term)}</b> verdict <b>{_f(v)}</b> (answer <code>{_e(raw)}</code>)</div>"
+            f'<div class=judge data-term="{_e(term)}"><b>{_e(term)}</b> verdict <b>{_f(v)}</b>'
+            f"<ul class=reasons>{reasons}</ul></div>"
         )
     return "".join(parts)
 
@@ -192,22 +197,62 @@ def disagreement_section(run: Run, k: int = 8) -> str:
     return "".join(out)
 
 
+def _step_of(path: Path) -> int:
+    return int(path.name.split("_")[1].split(".")[0])
+
+
+def _grid_caption(path: Path, what: str) -> str:
+    """What a grid or clip shows: its step, and each image's prompt and reward."""
+    captions = path.parent / f"step_{_step_of(path):06d}.txt"
+    head = f"{what} of the eval at step {_step_of(path)} (rank 0's share)"
+    if not captions.is_file():
+        return f"<figcaption>{_e(head)}</figcaption>"
+    shown = read_captions(captions)
+    if what == "grid":
+        head += f", {GRID_COLUMNS} per row, left to right"
+    items = "".join(f"<li>{_e(prompt)}: reward {reward:.3f}</li>" for _, reward, prompt in shown)
+    return f"<figcaption>{_e(head)}:<ol start=0 class=captions>{items}</ol></figcaption>"
+
+
+def _text_samples(path: Path, limit: int = 8) -> str:
+    """A text or VLM eval's samples: the image or clip asked about, the prompt, the
+    answer given and the one expected, the reward."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()][:limit]
+    cards = []
+    for row in rows:
+        media = ""
+        for key in ("image", "video"):
+            uri = _file_uri(Path(row[key])) if isinstance(row.get(key), str) else None
+            if uri:
+                media += f'<img alt="{_e(row[key])}" src="{uri}">'
+        expected = (
+            f"<div>expected <code>{_e(row['answer'])}</code></div>" if "answer" in row else ""
+        )
+        cards.append(
+            f'<div class="card eval">{media}<div class="q">{_e(row.get("prompt"))}</div>'
+            f"<div>output <code>{_e(row.get('output'))}</code></div>{expected}"
+            f"<div>reward {_f(row.get('reward'))}</div></div>"
+        )
+    head = f"<h3>The eval at step {_step_of(path)} (rank 0's share, first {len(rows)})</h3>"
+    return f"{head}<div class=cards>{''.join(cards)}</div>"
+
+
 def eval_grid_section(run: Run) -> str:
     grids = sorted((run.path / "samples").glob("step_*.png"))
     gifs = sorted((run.path / "samples").glob("step_*_clip0.gif"))
     texts = sorted((run.path / "samples").glob("step_*.jsonl"))
-    shown = [grids[0], grids[-1]] if len(grids) > 1 else grids
-    shown += [gifs[0], gifs[-1]] if len(gifs) > 1 else gifs
+    shown = [(p, "grid") for p in ([grids[0], grids[-1]] if len(grids) > 1 else grids)]
+    shown += [(p, "first clip") for p in ([gifs[0], gifs[-1]] if len(gifs) > 1 else gifs)]
     out = []
-    for p in shown:
+    for p, what in shown:
         uri = _file_uri(p)
         out.append(
-            f'<figure style="display:inline-block"><img class=fig style="image-rendering:'
-            f'pixelated;max-width:560px" src="{uri}"><figcaption>{_e(p.name)}</figcaption></figure>'
+            f'<figure style="display:inline-block;vertical-align:top"><img class=fig style='
+            f'"image-rendering:pixelated;max-width:560px" alt="{_e(p.name)}" src="{uri}">'
+            f"{_grid_caption(p, what)}</figure>"
         )
     for p in [texts[0], texts[-1]] if len(texts) > 1 else texts:
-        lines = [x for x in p.read_text().splitlines() if x.strip()][:8]
-        out.append(f"<h3>{_e(p.name)}</h3><pre>{_e(chr(10).join(lines))}</pre>")
+        out.append(_text_samples(p))
     return "".join(out) or "<p>No eval samples in samples/.</p>"
 
 
@@ -219,7 +264,7 @@ def all_samples_section(run: Run) -> str:
     head = ["step", "rank", "group", "sample", "prompt", "output", "reward", "advantage"]
     head += [f"part {p}" for p in parts]
     for t in run.judge_terms:
-        head += [f"{t} verdict", f"{t} answer"]
+        head += [f"{t} verdict", f"{t} why"]
     out = ["<table class=samples><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
     for i, row in r.iterrows():
         cells = [
@@ -239,7 +284,7 @@ def all_samples_section(run: Run) -> str:
             cells.append(
                 f"<td class=num data-k='verdict/{_e(t)}'>{_f(row.get(f'verdict/{t}'), 4)}</td>"
             )
-            cells.append(f"<td><code>{_e(row.get(f'raw/{t}'))}</code></td>")
+            cells.append(f"<td>{_e('; '.join(run.reasons(row, t)))}</td>")
         out.append(f'<tr class=sample id="s{i}">' + "".join(cells) + "</tr>")
     out.append("</table>")
     return "".join(out)
@@ -255,10 +300,12 @@ def render(run: Run) -> str:
     )
     model = cfg.get("model") or {}
     algo = cfg.get("algorithm") or {}
-    n_steps = r["step"].nunique() if len(r) else 0
     sections = [
         ("Before and after (eval)", summary_section(run)),
-        ("Reward and eval curves", _figure(plots.reward_curves(m), "reward curves")),
+        (
+            "Reward and eval curves",
+            _figure(plots.reward_curves(m, plots.reward_bounds(r)), "reward curves"),
+        ),
         ("Reward components", _figure(plots.component_curves(m), "components")),
         ("Phase timings", _figure(plots.timing_plot(m), "timings")),
         ("Reward per step (logged samples)", _figure(plots.reward_histograms(r), "histograms")),
@@ -278,7 +325,7 @@ def render(run: Run) -> str:
         f"<title>mmyatt run {_e(run.name)}</title><style>{CSS}{CARD_CSS}</style></head><body>"
         f"<h1>{_e(run.name)}</h1><div class=meta>{_e(run.path)} · model {_e(model.get('kind'))} "
         f"{_e(model.get('path') or '')} · advantage {_e(algo.get('advantage'))} · rewards: "
-        f"{_e(rewards)} · {len(r)} logged samples over {n_steps} steps · report written {when}"
+        f"{_e(rewards)} · {_e(run.header())} · report written {when}"
         f"</div>{body}</body></html>"
     )
 

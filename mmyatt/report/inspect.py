@@ -9,8 +9,12 @@ The one reader that ``mmyatt inspect --html``, the plots and the notebooks share
     the rollout logs of every rank (docs/rollout_logs.md), one row per logged sample:
     ``step, rank, prompt_id, group, sample, prompt, output, output_file, reward,
     advantage, length, ...``; each reward component as ``part/<name>``; for every GenRM
-    term ``verdict/<term>`` (its parsed P(Yes) or score, the value it paid),
-    ``raw/<term>`` (the judge's answer token or text) and ``question/<term>``.
+    term ``verdict/<term>`` (the value it paid), ``raw/<term>`` (the judge's answer token
+    or texts), ``question/<term>``, ``values/<term>`` (one value per judgement: per
+    repeat, or per question in mode vqa), for mode vqa ``questions/<term>``,
+    ``expected/<term>`` and ``answers/<term>`` (per question), for mode pairwise
+    ``swap_consistency/<term>``, and ``judgement/<term>``, the whole logged verdict;
+    :func:`judge_reasons` puts it in words.
 ``run.config``, ``run.summary``
     config.yaml and summary.json as dicts (empty when absent).
 
@@ -87,9 +91,56 @@ def _flat(row: dict, rank: int) -> dict:
         raw = v.get("raw")
         out[f"raw/{term}"] = raw[0] if isinstance(raw, list) and len(raw) == 1 else raw
         out[f"question/{term}"] = v.get("question")
+        out[f"judgement/{term}"] = v
+        for key in ("values", "questions", "expected", "answers", "swap_consistency"):
+            if v.get(key) is not None:
+                out[f"{key}/{term}"] = v[key]
         if v.get("top_logprobs") is not None:
             out[f"top_logprobs/{term}"] = v["top_logprobs"]
     return out
+
+
+def _num(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, int | float) and not isinstance(x, bool) else "failed"
+
+
+def judge_reasons(judgement: dict | None) -> list[str]:
+    """Why a judge paid what it paid, one line per judgement, from a logged verdict
+    (``judgement/<term>``): per question in mode vqa, the judge's answer, the expected
+    one and P(expected); in mode yes_prob the question, the answer token and P(Yes) of
+    each repeat; in mode score the generated texts and the score read from each; in mode
+    pairwise the win rate and swap consistency.
+
+    >>> judge_reasons({"mode": "vqa", "questions": ["What colour is the shape?"],
+    ...                "expected": ["red"], "answers": ["blue"], "values": [0.02]})
+    ['What colour is the shape? blue (expected red): 0.020']
+    >>> judge_reasons({"mode": "pairwise", "verdict": 0.75, "swap_consistency": 1.0})
+    ['won 0.750 of its comparisons in the group (swap consistency 1.000)']
+    """
+    if not isinstance(judgement, dict):
+        return []
+    mode, values = judgement.get("mode"), judgement.get("values") or []
+    if mode == "vqa":
+        questions = judgement.get("questions") or []
+        expected = judgement.get("expected") or [None] * len(questions)
+        answers = judgement.get("answers") or [None] * len(questions)
+        lines = []
+        for q, want, said, v in zip(questions, expected, answers, values):
+            answer = "" if said is None and want is None else f" {said or '?'}"
+            wanted = f" (expected {want})" if want is not None else ""
+            lines.append(f"{q}{answer}{wanted}: {_num(v)}")
+        return lines
+    if mode == "pairwise":
+        return [
+            f"won {_num(judgement.get('verdict'))} of its comparisons in the group "
+            f"(swap consistency {_num(judgement.get('swap_consistency'))})"
+        ]
+    raw = judgement.get("raw")
+    if mode == "score":
+        texts = raw if isinstance(raw, list) else [raw]
+        return [f"{str(t).strip()!r}: {_num(v)}" for t, v in zip(texts, values)]
+    question = judgement.get("question") or ""
+    return [f"{question} {raw}: P(Yes) {_num(v)}" for v in values] or [f"{question} {raw}"]
 
 
 @dataclass
@@ -103,6 +154,27 @@ class Run:
     @property
     def name(self) -> str:
         return str(self.config.get("name") or self.path.name)
+
+    @property
+    def steps_planned(self) -> int | None:
+        """The run's planned steps (summary.json, else config.yaml)."""
+        planned = self.summary.get("steps_planned") or (self.config.get("trainer") or {}).get(
+            "steps"
+        )
+        return int(planned) if planned else None
+
+    def header(self) -> str:
+        """``N logged samples over K logged steps of a T-step run``."""
+        r = self.rollouts
+        logged = r["step"].nunique() if len(r) else 0
+        planned = self.steps_planned
+        of = f" of a {planned}-step run" if planned else ""
+        return f"{len(r)} logged samples over {logged} logged steps{of}"
+
+    def reasons(self, row: int | pd.Series, term: str) -> list[str]:
+        """:func:`judge_reasons` of judge ``term`` on a rollout row."""
+        rec = self.rollouts.loc[row] if not isinstance(row, pd.Series) else row
+        return judge_reasons(rec.get(f"judgement/{term}"))
 
     @property
     def judge_terms(self) -> list[str]:

@@ -18,6 +18,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from mmyatt.report.inspect import load_metrics, load_rollouts
+
 SUMMARY_KEYS = ("reward/mean", "reward/std", "reward/generated_mean")
 
 
@@ -37,20 +39,57 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def reward_curves(metrics: pd.DataFrame) -> Figure:
-    """Training reward (kept groups, and every generated sample) and the eval reward."""
+def plot_distinct(ax, curves: list[tuple[pd.Series, str]], **style) -> None:
+    """Plot each (series, label); a series equal to one already drawn is not drawn again
+    on top of it (where it would hide, or be hidden by, the other) but named in that
+    line's label: ``a = b``."""
+    drawn: list[tuple[pd.Series, object]] = []
+    for series, label in curves:
+        same = next(
+            (
+                line
+                for other, line in drawn
+                if other.index.equals(series.index)
+                and ((other - series).abs() <= 1e-9 * (1 + other.abs())).all()
+            ),
+            None,
+        )
+        if same is not None:
+            same.set_label(f"{same.get_label()} = {label}")
+            continue
+        (line,) = ax.plot(series.index, series.values, label=label, **style)
+        drawn.append((series, line))
+
+
+def reward_bounds(rollouts: pd.DataFrame | None) -> tuple[float, float] | None:
+    """The lowest and highest reward of the logged samples: where a ± std band of the
+    reward may go (None without a rollout log)."""
+    if rollouts is None or "reward" not in rollouts or rollouts.empty:
+        return None
+    values = pd.to_numeric(rollouts["reward"], errors="coerce").dropna()
+    return (float(values.min()), float(values.max())) if len(values) else None
+
+
+def reward_curves(metrics: pd.DataFrame, bounds: tuple[float, float] | None = None) -> Figure:
+    """Training reward (kept groups, and every generated sample) and the eval reward.
+    ``bounds``: the reward's range (:func:`reward_bounds`), which the ± std band stays in."""
     fig, (ax, bx) = _subplots(1, 2, figsize=(10, 3.6))
-    for key, label in (
-        ("reward/mean", "train reward (kept groups)"),
-        ("reward/generated_mean", "train reward (all generated)"),
-    ):
-        if key in metrics:
-            s = _series(metrics, key)
-            ax.plot(s.index, s.values, label=label, lw=1.2)
+    curves = [
+        (_series(metrics, key), label)
+        for key, label in (
+            ("reward/mean", "train reward (kept groups)"),
+            ("reward/generated_mean", "train reward (all generated)"),
+        )
+        if key in metrics
+    ]
+    plot_distinct(ax, curves, lw=1.2)
     if "reward/mean" in metrics and "reward/std" in metrics:
         m, sd = _series(metrics, "reward/mean"), _series(metrics, "reward/std")
         sd = sd.reindex(m.index)
-        ax.fill_between(m.index, m - sd, m + sd, alpha=0.15, label="± std")
+        low, high = m - sd, m + sd
+        if bounds is not None:
+            low, high = low.clip(lower=bounds[0]), high.clip(upper=bounds[1])
+        ax.fill_between(m.index, low, high, alpha=0.15, label="± std")
     ax.set_title("training reward")
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -63,9 +102,7 @@ def reward_curves(metrics: pd.DataFrame) -> Figure:
     for k in ("eval/heldout/reward/mean", "eval/seen/reward/mean"):
         if k in metrics:
             evals.append(k)
-    for k in evals:
-        s = _series(metrics, k)
-        bx.plot(s.index, s.values, marker="o", label=k, lw=1.2)
+    plot_distinct(bx, [(_series(metrics, k), k) for k in evals], marker="o", lw=1.2)
     bx.set_title("evaluation")
     bx.set_xlabel("step")
     bx.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -207,14 +244,13 @@ RUN_PLOTS = {
 
 def save_run_plots(run_dir: str | Path) -> list[Path]:
     """Write plots/rewards.png, plots/reward_components.png and plots/timings.png."""
-    from mmyatt.report.inspect import load_metrics
-
     metrics = load_metrics(run_dir)
+    bounds = reward_bounds(load_rollouts(run_dir))
     out_dir = Path(run_dir) / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, draw in RUN_PLOTS.items():
-        fig = draw(metrics)
+        fig = draw(metrics, bounds) if draw is reward_curves else draw(metrics)
         fig.savefig(out_dir / name, dpi=110)
         written.append(out_dir / name)
     return written

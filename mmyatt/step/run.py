@@ -4,7 +4,10 @@ then start P controllers (or join an external torchrun) and drive their loop."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
+import resource
 import signal
 import sys
 import threading
@@ -12,26 +15,71 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 from mmyatt.checkpoint.checkpointer import Checkpointer
+from mmyatt.cli import user_errors
+from mmyatt.cli.user_errors import ControllerUserError, PeerErrors
 from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
+from mmyatt.datasets.manifest import ShardedManifest
+from mmyatt.datasets.media import check_media
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
-from mmyatt.engines import check_engines  # noqa: F401 (registers a config check)
-from mmyatt.models.builtin import check_builtin_paths  # noqa: F401 (registers one)
+from mmyatt.engines import close_engines, controller_dist, group_reward
+from mmyatt.models.builtin import check_builtin_paths  # noqa: F401 (registers a config check)
+from mmyatt.outputs import run_identity
+from mmyatt.outputs.metrics import read_metrics
+from mmyatt.outputs.samples import save_samples
 from mmyatt.outputs.trackers import check_tracker_packages  # noqa: F401 (registers one)
 from mmyatt.placement.config import releases_judge
 from mmyatt.placement.devices import check_judge_devices, device_lines
+from mmyatt.report.inspect import metrics_frame, placement_table
+from mmyatt.report.plots import save_run_plots
 from mmyatt.rewards.rules import check_reward_names  # noqa: F401 (registers one)
+from mmyatt.serving.client import JudgeError
+from mmyatt.serving.pool import JudgePool
 from mmyatt.step import builders
+from mmyatt.step.controller import Controller
+from mmyatt.step.profile import profile_controller
+from mmyatt.step.sft import run_sft
+
+logger = logging.getLogger("mmyatt.run")
+SCAN_MAX_BYTES = 64 << 20  # manifests up to this size are read whole before controllers start
 
 
 def resolve_run_dir(cfg: RunConfig, run_dir: str | None) -> Path:
     return Path(run_dir) if run_dir else Path("runs") / cfg.name
 
 
-def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
+def check_data(cfg: RunConfig, log=logger.info) -> None:
+    """Read every record of the run's manifests (those small enough, ``SCAN_MAX_BYTES``)
+    once before any controller starts: a bad line or a missing image is one error
+    naming its file and line now, not a failure inside one controller minutes later.
+    Under ``data.bad_lines=skip`` the bad records are counted and skipped instead."""
+    check = check_media if cfg.model.kind == "vlm" else None
+    specs = {"data.train": cfg.data.train, "data.eval": cfg.data.eval, "data.val": cfg.data.val}
+    seen = set()
+    for key, spec in specs.items():
+        if spec is None or spec in seen:
+            continue
+        seen.add(spec)
+        manifest = ShardedManifest(
+            builders.manifest_paths(spec),
+            shuffle=False,
+            bad_lines=cfg.data.bad_lines,
+            transform=check,
+        )
+        if manifest.num_bytes() <= SCAN_MAX_BYTES:
+            bad = manifest.check_records()
+            if bad:
+                log(f"[data] {key}: {bad} bad record(s) of {len(manifest)} skipped")
+        manifest.close()
+
+
+def prepare_run(cfg: RunConfig, run_dir: Path, log=logger.info) -> RunConfig:
     """Everything done once per run before controllers start: synthetic data files,
-    the tiny built-in model, the SFT warm start. Returns the resolved config."""
+    the check of every record, the tiny built-in model, the SFT warm start. Returns the
+    resolved config."""
+    made = cfg
     run_dir.mkdir(parents=True, exist_ok=True)
     data = cfg.data
     if data.train.startswith("synthetic:") or data.eval.startswith("synthetic:"):
@@ -48,6 +96,8 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         if warm.exists() and cfg.sft.data is None:
             cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": str(warm)})})
     cfg = cfg.model_copy(update={"data": data})
+    check_data(cfg, log)
+    run_identity.record(made, run_dir)
     model = cfg.model.model_copy(update={"path": builders.resolve_builtin(cfg.model.path)})
     cfg = cfg.model_copy(update={"model": model})
     if model.path is None:
@@ -55,8 +105,6 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
         model = model.model_copy(update={"path": str(tiny)})
         cfg = cfg.model_copy(update={"model": model})
     if cfg.sft.enabled:
-        from mmyatt.step.sft import run_sft
-
         out = run_dir / "sft_model"
         if (out / "config.json").exists():  # a resumed run keeps its warm start
             log(f"[prepare] reusing the SFT warm start in {out}")
@@ -66,34 +114,52 @@ def prepare_run(cfg: RunConfig, run_dir: Path, log=print) -> RunConfig:
     return cfg
 
 
-def train(config: str | None, overrides: list[str], run_dir: str | None = None) -> int:
-    """`mmyatt train`: the launching process. Controllers re-enter through `controller_main`."""
+def train(
+    config: str | None,
+    overrides: list[str],
+    run_dir: str | None = None,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    print_config: bool = False,
+) -> int:
+    """`mmyatt train`: the launching process. Controllers re-enter through `controller_main`.
+
+    ``overwrite`` / ``resume``: what to do with a run directory made with another model,
+    data or recipe (mmyatt/outputs/run_identity.py); ``print_config``: print the
+    resolved config (it is saved in the run directory either way)."""
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
     quiet_libraries()
     check_judge_devices(cfg)  # GPUs the judge cannot have fail here, before anything starts
-    if int(os.environ.get("RANK", "0")) == 0:
-        for line in device_lines(cfg):
-            print(line, flush=True)
     if under_launcher():  # an external torchrun started us: every rank is a controller
+        if int(os.environ.get("RANK", "0")) == 0:
+            cfg = run_identity.claim(cfg, rd, overwrite=overwrite, resume=resume)
+            for line in device_lines(cfg):
+                logger.info(line)
         dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
         pool = None
         if dist.is_main:
+            user_errors.clear(rd)
             cfg = prepare_run(cfg, rd)
             cfg, pool = start_judges(cfg, rd)
-            save_config(cfg, rd)
+            save_config(cfg, rd, print_config)
         dist.barrier()
         try:
             return controller_main(str(rd / "config.yaml"), [], str(rd))
         finally:
             if pool is not None:
                 pool.stop()
+    cfg = run_identity.claim(cfg, rd, overwrite=overwrite, resume=resume)
+    for line in device_lines(cfg):
+        logger.info(line)
     cfg = prepare_run(cfg, rd)
     cfg, pool = start_judges(cfg, rd)
-    save_config(cfg, rd)
+    save_config(cfg, rd, print_config)
     argv = ["_controller", str(rd / "config.yaml"), "--run-dir", str(rd)]
     try:
         if cfg.distributed.nproc > 1:
+            user_errors.clear(rd)
             rc = launch(
                 cfg.distributed.nproc,
                 argv,
@@ -102,6 +168,9 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
                 max_restarts=cfg.distributed.max_restarts if cfg.checkpoint.save_every else 0,
                 saved_since=lambda t: saved_since(rd, t),
             )
+            line = user_errors.take(rd)
+            if line is not None:  # a controller found a user's mistake; the others left
+                raise ControllerUserError(line)
             if rc == 0:
                 print_summary(rd)
             return rc
@@ -109,7 +178,7 @@ def train(config: str | None, overrides: list[str], run_dir: str | None = None) 
     finally:
         if pool is not None:
             pool.stop()
-            print("[judge] servers stopped", flush=True)
+            logger.debug("[judge] servers stopped")
 
 
 def saved_since(rd: Path, t: float) -> bool:
@@ -123,14 +192,8 @@ def start_judges(cfg: RunConfig, rd: Path):
     j = cfg.reward.judge
     if j.model is None:
         if j.urls:
-            from mmyatt.rewards.judge_pool import JudgePool
-
             JudgePool.external(list(j.urls))  # fail now, not at the first reward call
         return cfg, None
-    import os
-
-    from mmyatt.rewards.judge_pool import JudgePool
-
     key = os.environ.get(j.api_key_env) if j.api_key_env else None
     model = builders.resolve_builtin(j.model)
     t0 = time.perf_counter()
@@ -147,45 +210,67 @@ def start_judges(cfg: RunConfig, rd: Path):
         vllm_args=list(j.vllm_args),
         settle=releases_judge(cfg.placement),
     )
-    print(
+    logger.info(
         f"[judge] {j.num_servers} server(s) for {model} at {', '.join(pool.urls)} "
-        f"({time.perf_counter() - t0:.1f}s)",
-        flush=True,
+        f"({time.perf_counter() - t0:.1f}s)"
     )
     judge = j.model_copy(update={"urls": tuple(pool.urls)})
     return cfg.model_copy(update={"reward": cfg.reward.model_copy(update={"judge": judge})}), pool
 
 
-def save_config(cfg: RunConfig, rd: Path) -> None:
+def save_config(cfg: RunConfig, rd: Path, show: bool = False) -> None:
+    """The resolved config, saved with the run; printed in full under ``--print-config``,
+    else as one line."""
     (rd / "config.yaml").write_text(dump_yaml(cfg))
-    print("[config] resolved:\n" + dump_yaml(cfg), flush=True)
+    if show:
+        logger.info("[config] resolved:\n" + dump_yaml(cfg))
+    else:
+        logger.info(f"[config] resolved config in {rd / 'config.yaml'} (--print-config shows it)")
 
 
 def quiet_libraries() -> None:
-    import transformers
-
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
 
 
-def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
-    """One controller (one rank): build, loop, evaluate, export."""
+def controller_main(
+    config: str, overrides: list[str], run_dir: str, *, launcher_reports: bool = False
+) -> int:
+    """One controller (one rank): build, loop, evaluate, export.
+
+    With several controllers, a user's mistake found here is reported to the others,
+    which leave quietly (mmyatt/cli/user_errors.py); ``launcher_reports``: our launcher
+    prints its line, so this controller leaves quietly too (else it raises, for the CLI
+    to print)."""
+    peers = PeerErrors(run_dir) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    if peers is not None:
+        peers.watch()
+    try:
+        return _controller(config, overrides, Path(run_dir), peers)
+    except Exception:
+        if peers is None:
+            raise
+        if peers.reported:
+            if launcher_reports:
+                peers.leave()
+            raise
+        if peers.peer_reported():
+            peers.leave()  # a consequence of a peer's reported mistake, not news
+        raise
+
+
+def _controller(config: str, overrides: list[str], rd: Path, peers: PeerErrors | None) -> int:
     quiet_libraries()
     cfg = load_config(config, overrides)
-    rd = Path(run_dir)
     torch.set_num_threads(cfg.trainer.threads)
     dist = init_from_env(cfg.distributed.backend, device=cfg.distributed.device)
     try:
-        from mmyatt.engines import controller_dist, group_reward
-
         # train.tensor_parallel / pipeline_parallel > 1: a model-parallel group of processes
         # is one controller; its first rank scores (group_reward), the others write only
         # into a private directory
         dist = controller_dist(cfg, dist)
         mirror = dist.mirror
         torch.manual_seed(cfg.trainer.seed)
-        from mmyatt.step.controller import Controller
-
         ctl = Controller(
             cfg,
             rd / ".mirror" / f"rank{dist.global_rank}" if mirror else rd,
@@ -197,13 +282,15 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
         )
         profile_file = os.environ.get("MMYATT_STEP_PROFILE")  # set by `mmyatt bench text-grpo`
         if profile_file:
-            from mmyatt.step.profile import profile_controller
-
             profile_controller(ctl, rd / f"{profile_file}_rank{dist.rank}.json")
         loop(ctl, cfg, dist)
+    except Exception as error:
+        # before the process group closes: the other controllers must see the report
+        # before they see this one leave
+        if peers is not None:
+            peers.report(error)
+        raise
     finally:
-        from mmyatt.engines import close_engines
-
         close_engines()  # a vLLM rollout engine leaves before the process group it uses
         shutdown()
     if not dist.active and dist.processes == 1:  # else the launcher prints it
@@ -214,7 +301,7 @@ def controller_main(config: str, overrides: list[str], run_dir: str) -> int:
 def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     t, c = cfg.trainer, cfg.checkpoint
     log = ctl.logger
-    say = print if dist.is_main else (lambda *a, **k: None)
+    say = logger.info if dist.is_main else (lambda *a, **k: None)
     checkpointer = Checkpointer
     if dist.mirror:  # reads the run's checkpoints, writes none
         from mmyatt.engines.megatron_group import MirrorCheckpointer as checkpointer
@@ -237,13 +324,11 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         first = ctl.load_state(*ck.load(path)) + 1
         log.truncate_after(first - 1)  # rows a killed run logged after its last checkpoint
         ctl.truncate_trace(first - 1)
-        say(f"[resume] from {path}: continuing at step {first}", flush=True)
+        say(f"[resume] from {path}: continuing at step {first}")
     say(
         f"[train] {dist.world_size} controller(s), {cfg.data.prompts_per_step} prompts x "
-        f"{cfg.sampling.group_size} samples per step, steps {first}..{t.steps}",
-        flush=True,
+        f"{cfg.sampling.group_size} samples per step, steps {first}..{t.steps}"
     )
-    from mmyatt.rewards.judge_client import JudgeError
 
     def judge_down(error: JudgeError, step: int, local: dict) -> None:
         """A judge stayed down past the client's retry budget: checkpoint the last
@@ -256,7 +341,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             note = "no step completed, nothing to checkpoint"
         ck.close()
         log.close()
-        say(f"\n[train] stopping: {error}\n[train] {note}", flush=True)
+        say(f"\n[train] stopping: {error}\n[train] {note}")
         error.add_note(note)
         raise error
 
@@ -264,7 +349,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         ev = ctl.evaluate()
         write_samples(ctl, 0)
         log.log(0, ev)
-        say("[eval] step 0: " + fmt(ev), flush=True)
+        say("[eval] step 0: " + fmt(ev))
     stop_signal = StopSignal()
     bar = None
     if dist.is_main and t.progress:
@@ -311,10 +396,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             ctl.save_rollouts(step, ctl.last_rollout)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix_str(
-                f"reward {m.get('reward/generated_mean', float('nan')):.3f} "
-                f"len {m.get('response_length/mean', float('nan')):.1f}"
-            )
+            bar.set_postfix_str(progress_note(m, cfg.model.kind))
         terminate = dist.any(stop_signal.received)
         if c.export_every and step % c.export_every == 0:  # all ranks: FSDP gathers weights
             export = ctl.run_dir / "checkpoints" / f"export_step_{step:08d}"
@@ -323,7 +405,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
             ck.save(step, ctl.shared_state(), ctl.local_state())
         if terminate:
             ck.close()
-            say(f"\n[train] SIGTERM: saved step {step} in {ck.root}; exiting", flush=True)
+            say(f"\n[train] SIGTERM: saved step {step} in {ck.root}; exiting")
             log.close()
             raise SystemExit(0)
         elapsed_min = (time.perf_counter() - start) / 60
@@ -333,8 +415,7 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
                 red(
                     f"\n[train] STOPPED EARLY: trainer.max_minutes={t.max_minutes} reached at "
                     f"step {step} of {t.steps}; the evaluation below is not the recipe's result"
-                ),
-                flush=True,
+                )
             )
             break
     ck.close()
@@ -354,10 +435,10 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
         "train/cut_by_time": float(cut_by_time),
     }
     log.log(step, {**ev, **mem, **done, "train/minutes": (time.perf_counter() - start) / 60})
-    say(f"[eval] step {step}: " + fmt(ev), flush=True)
+    say(f"[eval] step {step}: " + fmt(ev))
     out = ctl.run_dir / "checkpoints" / "final"
     ctl.engine.export(ctl.policy, str(out))  # all ranks: FSDP gathers the weights, rank 0 writes
-    say(f"[export] policy saved in Hugging Face layout at {out}", flush=True)
+    say(f"[export] policy saved in Hugging Face layout at {out}")
     log.close()
     if dist.is_main:
         save_plots(ctl.run_dir)
@@ -385,8 +466,6 @@ def write_samples(ctl, step: int) -> None:
     """Rank 0 shows its own share of the eval (no media crosses ranks)."""
     if not ctl.dist.is_main:
         return
-    from mmyatt.outputs.samples import save_samples
-
     grid = save_samples(ctl.run_dir / "samples", step, ctl.eval_outputs)
     if grid is not None:
         ctl.logger.add_image("samples/eval", grid, step)
@@ -395,20 +474,42 @@ def write_samples(ctl, step: int) -> None:
 def save_plots(run_dir: Path) -> None:
     """plots/rewards.png, reward_components.png, timings.png (mmyatt/report/plots.py). A figure
     that cannot be drawn is reported, not raised: the run itself is finished."""
-    from mmyatt.report.plots import save_run_plots
-
     try:
         paths = save_run_plots(run_dir)
     except Exception as e:  # noqa: BLE001 (a plot never fails a finished run)
-        print(f"[plots] not written: {type(e).__name__}: {e}", flush=True)
+        logger.info(f"[plots] not written: {type(e).__name__}: {e}")
         return
-    print(f"[plots] {', '.join(p.name for p in paths)} in {run_dir / 'plots'}", flush=True)
+    logger.info(f"[plots] {', '.join(p.name for p in paths)} in {run_dir / 'plots'}")
 
 
 def peak_rss_mb() -> int:
-    import resource
-
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+
+
+def progress_note(m: dict, kind: str) -> str:
+    """The progress bar's note on a step: its reward and, for text and VLM policies, the
+    mean response length in tokens (an image or a clip has no length worth showing);
+    a figure the step did not produce (every group dropped by dynamic sampling) is left
+    out, not shown as nan.
+
+    >>> progress_note({"reward/generated_mean": 0.5, "response_length/mean": 12.0}, "text")
+    'reward 0.500 len 12.0 tok'
+    >>> progress_note({"reward/generated_mean": 0.5, "response_length/mean": 0.0}, "flow")
+    'reward 0.500'
+    >>> progress_note({"reward/generated_mean": 0.5, "dynamic/kept_groups": 0.0}, "text")
+    'reward 0.500, every group dropped'
+    """
+    parts = []
+    reward = m.get("reward/generated_mean")
+    if isinstance(reward, float) and math.isfinite(reward):
+        parts.append(f"reward {reward:.3f}")
+    length = m.get("response_length/mean")
+    if kind in ("text", "vlm") and isinstance(length, float) and math.isfinite(length):
+        parts.append(f"len {length:.1f} tok")
+    note = " ".join(parts)
+    if m.get("dynamic/kept_groups") == 0.0:
+        note += ", every group dropped"
+    return note
 
 
 def fmt(m: dict) -> str:
@@ -426,18 +527,16 @@ def print_summary(run_dir: Path) -> dict:
     Also written to ``summary.json``: {"steps_done", "steps_planned", "cut_by_time",
     "placement": {mode: {"steps", "step_s"}} (placement metrics only),
     "metrics": {name: {"first", "last", "change"(, "ratio")}}}."""
-    from mmyatt.outputs.metrics import read_metrics
-
     rows = read_metrics(run_dir)
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     if not evals:
-        print(f"[summary] no eval rows in {run_dir}/metrics.jsonl")
+        logger.info(f"[summary] no eval rows in {run_dir}/metrics.jsonl")
         return {}
     first, last = evals[0], evals[-1]
     keys = [k for k in last if k.startswith("eval/")]
-    print(f"\n[summary] {run_dir}")
+    logger.info(f"\n[summary] {run_dir}")
     width = max([40, *(len(k) + 1 for k in keys)])  # per-task names run longer
-    print(
+    logger.info(
         f"  {'metric':<{width}}{'step ' + str(first['step']):>12}"
         f"{'step ' + str(last['step']):>12}{'change':>10}"
     )
@@ -450,7 +549,7 @@ def print_summary(run_dir: Path) -> dict:
             if k.startswith("eval/quality/") and a > 0:
                 metrics[k]["ratio"] = b / a
                 line += f"   x{b / a:.2f} of the base"
-            print(line)
+            logger.info(line)
     final = next((r for r in reversed(rows) if "train/steps_planned" in r), None)
     out: dict = {}
     if final is not None:
@@ -461,20 +560,18 @@ def print_summary(run_dir: Path) -> dict:
         if done < planned:
             why = "time budget (trainer.max_minutes)" if cut else "stopped early"
             line = red(f"{line}: INCOMPLETE, {why}; this is not the recipe's result")
-        print(line)
+        logger.info(line)
     train_rows = [r for r in rows if "timing/step_s" in r]
     if train_rows:
         sps = sum(r.get("throughput/samples_per_s", 0) for r in train_rows) / len(train_rows)
-        print(f"  mean samples/s {sps:.1f}")
-    from mmyatt.report.inspect import metrics_frame, placement_table  # the notebooks' view
-
+        logger.info(f"  mean samples/s {sps:.1f}")
     placed = placement_table(metrics_frame(rows))
     if not placed.empty:
         out["placement"] = {
             p.mode: {"steps": int(p.steps), "step_s": float(p.actual_step_s)}
             for p in placed.itertuples()
         }
-        print(
+        logger.info(
             "  placement: "
             + ", ".join(
                 f"{p.mode} x{p.steps} ({p.actual_step_s:.3f} s/step)" for p in placed.itertuples()
@@ -492,8 +589,6 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
     quiet_libraries()
     no_sft = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": False})})
     cfg = prepare_run(no_sft, rd)
-    from mmyatt.step.sft import run_sft
-
     out = rd / "checkpoints" / "sft"
     result = run_sft(cfg, out)
     (rd / "config.yaml").write_text(

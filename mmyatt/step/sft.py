@@ -55,7 +55,9 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     else:
         reward = builders.build_reward(cfg.reward)
     train = ShardedManifest(
-        builders.manifest_paths(s.data or cfg.data.train), seed=cfg.trainer.seed
+        builders.manifest_paths(s.data or cfg.data.train),
+        seed=cfg.trainer.seed,
+        bad_lines=cfg.data.bad_lines,
     )
     if cfg.data.val:
         check, split = cfg.data.val, "validation"
@@ -65,9 +67,9 @@ def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
             "[sft] no data.val: the stopping check reads data.eval, the split the run reports; "
             "set data.val to keep them apart"
         )
-    held = ShardedManifest(builders.manifest_paths(check), shuffle=False).eval_records(
-        s.eval_prompts
-    )
+    held = ShardedManifest(
+        builders.manifest_paths(check), shuffle=False, bad_lines=cfg.data.bad_lines
+    ).eval_records(s.eval_prompts)
     params = [p for p in policy.module().parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr)
     rng = random.Random(cfg.trainer.seed)
