@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .factored_shapes import EXTRA_SHAPES, draw_extra
+from .factored_shapes import EXTRA_COLOURS, EXTRA_SHAPES, draw_extra
 from .media import write_video
 from .shapes import (
     COLOURS,
@@ -137,15 +137,6 @@ VAL_FOLD2_TRIPLES: tuple[tuple[str, str, str], ...] = (
 )
 _FILLERS = ("is", "th", "t", "that", "mo", "mov", "moving", "it", "n", "es")
 _LETTERS = "abcdefghijklmnoprstuvwy"  # what garbled and junk text is made of
-# Colours outside the policy's palette that only the judge's training draws, with every
-# shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
-# to read colour and shape apart, which is what a held-out pair asks of it.
-EXTRA_COLOURS: dict[str, tuple[int, int, int]] = {
-    "orange": (240, 140, 30),
-    "pink": (240, 130, 200),
-    "white": (230, 230, 230),
-    "brown": (150, 95, 45),
-}
 _WORD = re.compile(r"[a-z]+")
 
 

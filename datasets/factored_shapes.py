@@ -39,6 +39,15 @@ from .vision_tasks import (
     draw,
 )
 
+# Colours outside the policy's palette that only the judge's training draws, with every
+# shape: with more (colour, shape) pairs than it can memorise one by one, the judge has
+# to read colour and shape apart, which is what a held-out pair asks of it.
+EXTRA_COLOURS: dict[str, tuple[int, int, int]] = {
+    "orange": (240, 140, 30),
+    "pink": (240, 130, 200),
+    "white": (230, 230, 230),
+    "brown": (150, 95, 45),
+}
 EXTRA_SHAPES: tuple[str, ...] = ("diamond", "pentagon", "hexagon", "cross", "star")
 OFF_PALETTE_MARGIN = 24.0  # degrees of hue kept clear around every palette colour
 _SUPERSAMPLE = 4
@@ -306,9 +315,7 @@ def heldout_classification_records(
 
 
 def named_colours() -> dict[str, tuple[int, int, int]]:
-    """The palette plus the judge-only named colours (``describe.EXTRA_COLOURS``)."""
-    from .describe import EXTRA_COLOURS
-
+    """The palette plus the judge-only named colours (:data:`EXTRA_COLOURS`)."""
     return {**COLOURS, **EXTRA_COLOURS}
 
 
@@ -379,8 +386,6 @@ def named_records(
 
 def corpus() -> list[str]:
     """The words the named records add to a judge's tokenizer corpus."""
-    from .describe import EXTRA_COLOURS
-
     words = [*EXTRA_COLOURS, *EXTRA_SHAPES]
     return [
         JUDGE_QUESTION.format(colour=c, shape=s)

@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from mmyatt.datasets.shapes import COLOURS, DIRECTIONS, SHAPES
+from mmyatt.rewards.latent import reads_latents
 
 __all__ = [
     "IMAGE_REWARDS",
@@ -33,7 +34,6 @@ __all__ = [
     "classify_shape",
     "colour_match",
     "foreground_mask",
-    "geneval_check",
     "geneval_rule",
     "jpeg_compressibility",
     "jpeg_incompressibility",
@@ -42,7 +42,6 @@ __all__ = [
     "motion_direction",
     "prompt_alignment_rule",
     "reads_latents",
-    "shape_critic",
     "shape_fill",
     "shape_match",
 ]
@@ -365,44 +364,7 @@ def load_scorer(path: str | Path) -> Callable[..., float]:
     return reward
 
 
-# --- the independent critic -----------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
-def _critic(path: str):
-    from mmyatt.models.builtin.critic import load_shape_critic
-
-    return load_shape_critic(path)
-
-
-def _builtin_critic_path() -> str:
-    import mmyatt.models
-
-    return str(Path(mmyatt.models.__file__).resolve().parent / "builtin" / "shape_critic")
-
-
-def shape_critic(output: Output, record: dict, *, path: str | None = None) -> float:
-    """The independent critic's P(colour) x P(shape) for the record's colour and shape
-    (mean over frames for clips), in [0, 1]: a CNN trained only on clean drawn shapes
-    with their drawing labels (``mmyatt.models.builtin.critic``; ``builtin:shape_critic``
-    unless ``path`` names another). No judge, rule or RL training reads it, so it checks
-    a judged reward from outside; log it with weight 0."""
-    colour = _target(record, "colour", COLOURS)
-    shape = _target(record, "shape", SHAPES)
-    frames = _frames(output)
-    critic = _critic(path or _builtin_critic_path())
-    return float(critic.score(frames, [colour] * len(frames), [shape] * len(frames)).mean())
-
-
 # --- latent rewards -----------------------------------------------------------------------
-def reads_latents(fn: Callable[..., float]) -> Callable[..., float]:
-    """Declare that a reward reads the generator's final latents, not decoded images: its
-    ``output`` is then the sample before any VAE decode, a tensor (C, H, W) or
-    (C, F, H, W) (pixels in [-1, 1] for the tiny pixel-space built-ins). When every
-    reward of a run reads latents, flow rollouts skip the VAE decode (``FlowPolicy.
-    decode_outputs``); a run mixing latent and pixel rewards is refused at build time."""
-    fn.reads_latents = True
-    return fn
-
-
 @reads_latents
 def latent_brightness(output: Any, record: dict | None = None) -> float:
     """Mean of the latent mapped from [-1, 1] to [0, 1] (clipped): for the pixel-space
@@ -418,16 +380,6 @@ def latent_brightness(output: Any, record: dict | None = None) -> float:
     return float(((output.float().mean() + 1.0) / 2.0).clamp(0.0, 1.0))
 
 
-# --- the tiny GenEval (rewards/geneval_check.py), imported on first use --------------------
-def geneval_check(output: Output, record: dict) -> float:
-    """The tiny GenEval's independent checker: 1.0 if the image shows what the prompt asks
-    (objects by colour, their count, shape and relation), else 0.0. Trained on nothing;
-    log it with weight 0 (``mmyatt.rewards.geneval_check``)."""
-    from mmyatt.rewards.geneval_check import geneval_check as check
-
-    return check(output, record)
-
-
 def geneval_rule(output: Output, record: dict) -> float:
     """``prompt_alignment_rule`` read on a tiny GenEval prompt's first object: colour x
     shape of the dominant blob (the shape alone where the prompt names no colour). The
@@ -438,10 +390,8 @@ def geneval_rule(output: Output, record: dict) -> float:
 
 
 IMAGE_REWARDS: dict[str, Callable[..., float]] = {
-    "geneval_check": geneval_check,
     "geneval_rule": geneval_rule,
     "latent_brightness": latent_brightness,
-    "shape_critic": shape_critic,
     "jpeg_compressibility": jpeg_compressibility,
     "jpeg_incompressibility": jpeg_incompressibility,
     "brightness": brightness,

@@ -45,6 +45,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mmyatt.rewards.verdicts import top_pairs, yes_probability
+
 VERDICTS = ("judge", "yes_prob")
 
 
@@ -173,8 +175,6 @@ def _logprob_body(reward, messages: list[dict], seed: int) -> dict:
 def judge_pairwise(reward, outputs, records, prompt_ids) -> tuple[list, list, list, dict]:
     """(win rates, swap consistency, parse failures, stats) for one batch; ``reward`` is
     the :class:`~mmyatt.rewards.genrm.GenRMReward` holding the client and options."""
-    from mmyatt.rewards.genrm import _top_pairs, yes_probability
-
     ids = list(prompt_ids) if prompt_ids is not None else [str(i) for i in range(len(outputs))]
     pairs = pair_schedule(group_sizes(ids), reward.max_opponents)
     n = len(outputs)
@@ -186,7 +186,7 @@ def judge_pairwise(reward, outputs, records, prompt_ids) -> tuple[list, list, li
         responses = list(reward.client.chat_many(bodies)) if bodies else []
         p = []
         for resp in responses:
-            top = _top_pairs(resp)
+            top = top_pairs(resp)
             p.append(None if top is None else yes_probability(top, *reward.yes_no))
         ab, ba = [], []
         for a, b in pairs:
@@ -218,7 +218,7 @@ def judge_pairwise(reward, outputs, records, prompt_ids) -> tuple[list, list, li
         responses = list(reward.client.chat_many(bodies)) if bodies else []
         verdicts = []
         for resp in responses:
-            top = _top_pairs(resp)
+            top = top_pairs(resp)
             verdicts.append(
                 None
                 if top is None

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmyatt.rewards.image import _frames, foreground_mask
+
 __all__ = ["laplacian_energy", "texture", "texture_metrics"]
 
 
@@ -54,8 +56,6 @@ def _dilate(mask: np.ndarray, steps: int) -> np.ndarray:
 
 def _frame_texture(img: Image.Image) -> tuple[float, float, int, int]:
     """(background sum, object sum, background pixels, object pixels) of one frame."""
-    from mmyatt.rewards.image import foreground_mask
-
     rgb = img.convert("RGB")
     grey = np.asarray(rgb.convert("L"), dtype=np.float64) / 255.0
     lap = laplacian_energy(grey)
@@ -74,8 +74,6 @@ def texture(output: Any) -> dict[str, float]:
     """{"background_hf", "object_hf"} of an image or a list of frames: mean absolute
     Laplacian over the background (resp. object) pixels of all frames; NaN where a
     region is empty (e.g. nothing drawn: no object pixels)."""
-    from mmyatt.rewards.image import _frames
-
     b_sum, o_sum, b_n, o_n = (sum(v) for v in zip(*map(_frame_texture, _frames(output))))
     return {
         "background_hf": b_sum / b_n if b_n else float("nan"),

@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from mmyatt.config.checks import register_check
 from mmyatt.config.errors import ConfigError
+from mmyatt.datasets import describe_check
+from mmyatt.rewards.geneval_check import geneval_check
+from mmyatt.rewards.image import IMAGE_REWARDS
+from mmyatt.rewards.latent import LATENT_REWARDS
 
 if TYPE_CHECKING:  # torch is imported lazily so `import mmyatt.rewards` stays light
     from torch import Tensor
@@ -120,6 +124,10 @@ REGISTRY: dict[str, RewardFn] = {
     "answer_tag_match": answer_tag_match,
 }
 
+# Rewards that load a torch model, imported by name when a run asks for them, so that a
+# process scoring rules only never imports torch.
+TORCH_REWARDS = {"shape_critic": "mmyatt.rewards.critic:shape_critic"}
+
 # Open descriptions of images and clips (the VLM + GenRM recipe's independent check and
 # its length / false-claim counters), in mmyatt.datasets.describe_check.
 DESCRIPTION_REWARDS = {
@@ -139,6 +147,8 @@ def resolve_reward(name: str) -> RewardFn:
     >>> resolve_reward("mmyatt.rewards.rules:format_check") is format_check
     True
     """
+    if name in TORCH_REWARDS:
+        name = TORCH_REWARDS[name]
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
@@ -151,13 +161,11 @@ def resolve_reward(name: str) -> RewardFn:
     if name in REGISTRY:
         return REGISTRY[name]
     if name in DESCRIPTION_REWARDS:
-        from mmyatt.datasets import describe_check
-
         return getattr(describe_check, DESCRIPTION_REWARDS[name])
-    from mmyatt.rewards.image import IMAGE_REWARDS  # image/video rules, imported on demand
-
     if name in IMAGE_REWARDS:
         return IMAGE_REWARDS[name]
+    if name == "geneval_check":
+        return geneval_check
     raise ValueError(
         f"unknown reward {name!r}; use one of "
         f"{sorted(REGISTRY) + sorted(DESCRIPTION_REWARDS) + sorted(IMAGE_REWARDS)} "
@@ -197,7 +205,7 @@ def check_batch(outputs: Sequence, records: Sequence, prompt_ids: Sequence | Non
 
 
 class WeightedReward:
-    """A weighted sum of reward functions, each given by a spec.
+    """A weighted sum of reward functions, each given by a spec (the ``Reward`` protocol).
 
     >>> reward = WeightedReward([{"name": "numeric_match"},
     ...                          {"name": "format_check", "weight": 0.5}])
@@ -215,13 +223,14 @@ class WeightedReward:
         self.terms: list[tuple[str, RewardFn, float, dict]] = []  # (label, fn, weight, kwargs)
         for i, spec in enumerate(specs):
             self.terms.append(self._build_term(i, spec))
-        latent = [t[0] for t in self.terms if getattr(t[1], "reads_latents", False)]
+        latent = [t[0] for t in self.terms if t[1] in LATENT_REWARDS]
         if latent and len(latent) < len(self.terms):
             raise ValueError(
                 f"rewards {latent} read latents and {[t[0] for t in self.terms if t[0] not in latent]} "
                 "read decoded outputs; one rollout gives one or the other"
             )
-        self.reads_latents = bool(latent)  # rewards/image.py reads_latents: skip the decode
+        self.reads_latents = bool(latent)  # rewards/latent.py: rollouts skip the decode
+        self.last_verdicts: list[dict] = []  # rules give no verdicts (the Reward protocol)
 
     def _build_term(self, i: int, spec: Mapping[str, Any]) -> tuple[str, RewardFn, float, dict]:
         unknown = set(spec) - _SPEC_KEYS
@@ -246,6 +255,8 @@ class WeightedReward:
         while label in taken:
             label, copy = f"{name}#{copy}", copy + 1
         return label, fn, float(weight), kwargs
+
+    compares_groups = False  # a rule scores each sample on its own
 
     @property
     def names(self) -> list[str]:

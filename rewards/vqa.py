@@ -35,6 +35,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from mmyatt.rewards.verdicts import top_pairs
+
 COMBINE = ("product", "mean")
 
 
@@ -130,8 +132,6 @@ def vqa_values(
 ) -> list[list[float | None]]:
     """Per sample, per question: P(expected answer), None where the response carries no
     log-probabilities."""
-    from mmyatt.rewards.genrm import _top_pairs
-
     nq = len(genrm.questions)
     out = []
     for i, record in enumerate(records):
@@ -140,8 +140,29 @@ def vqa_values(
             fields["output"] = outputs[i]
         row: list[float | None] = []
         for k, q in enumerate(genrm.questions):
-            pairs = _top_pairs(responses[i * nq + k])
+            pairs = top_pairs(responses[i * nq + k])
             expected = q["answer"].format_map(fields)
             row.append(None if pairs is None else answer_probability(pairs, expected))
         out.append(row)
+    return out
+
+
+def vqa_answers(
+    genrm, responses: Sequence[dict], records: Sequence[dict], outputs: Sequence[Any]
+) -> list[dict[str, list]]:
+    """Per sample, what each question expected and what the judge answered (its most
+    likely token, None without log-probabilities): ``{"expected": [...], "answers":
+    [...]}``, for the rollout log next to the values."""
+    nq = len(genrm.questions)
+    out = []
+    for i, record in enumerate(records):
+        fields = dict(record)
+        if isinstance(outputs[i], str):
+            fields["output"] = outputs[i]
+        expected, answers = [], []
+        for k, q in enumerate(genrm.questions):
+            pairs = top_pairs(responses[i * nq + k])
+            expected.append(q["answer"].format_map(fields))
+            answers.append(max(pairs, key=lambda p: p[1])[0].strip() if pairs else None)
+        out.append({"expected": expected, "answers": answers})
     return out

@@ -20,6 +20,8 @@ from mmyatt.rewards.image import (
     shape_fill,
     shape_match,
 )
+from mmyatt.rewards.latent import LATENT_REWARDS
+from mmyatt.rewards.rules import resolve_reward
 
 
 def test_colour_match_on_a_red_circle():
@@ -167,9 +169,12 @@ def test_registry():
     import torch
 
     latent = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
-    for name, fn in IMAGE_REWARDS.items():
+    # the image rules, and the checker and the critic the registry resolves by name
+    named = {name: resolve_reward(name) for name in ("geneval_check", "shape_critic")}
+    assert "shape_critic" not in IMAGE_REWARDS  # it imports torch: resolved by name only
+    for name, fn in {**IMAGE_REWARDS, **named}.items():
         out = [img, img] if name == "motion_direction" else img
-        if getattr(fn, "reads_latents", False):  # latent rewards get the final latents
+        if fn in LATENT_REWARDS:  # latent rewards get the final latents
             out = latent
         v = fn(out, rec)
         assert isinstance(v, float) and 0.0 <= v <= 1.0, name
