@@ -27,7 +27,7 @@ capability of its own, a separate protocol the engine checks with :func:`capable
 The engine side: :class:`Reward` (rules, judges and mixtures alike), :class:`Engine`
 (who trains: replica, FSDP2, Megatron-core) with :class:`LockstepEngine` for engines
 whose every pass is a collective, and :class:`Placement` (who holds which devices
-when, called with plain data).
+when, called with plain data: ``produce(groups, sampling, timer) -> Rollout``).
 
 Left out on purpose: no base classes (adapters implement these structurally), and no
 defaults: a member some implementation lacks is a capability, never a ``hasattr``.
@@ -377,20 +377,23 @@ class LockstepEngine(Engine, Protocol):
 @runtime_checkable
 class Placement(Protocol):
     """Which devices each phase holds and how generation and scoring overlap (shared,
-    colocate, partial, auto): a strategy the controller calls with plain data. It never
-    receives the controller."""
+    colocate, partial, or auto's choice per step): a strategy the controller calls with
+    plain data. It never receives the controller. Trainer weights reach the rollout side
+    inside generation (a vLLM engine syncs before it samples), not through placement."""
 
     def produce(self, groups: int, sampling: Sampling, timer: Any) -> Rollout:
-        """``groups`` prompt groups of the next records generated and scored in the mode
-        in force: a scored rollout. The placement draws the records itself (over-dispatch
-        draws more and carries the rest to the next step); ``timer`` times the phases."""
+        """``groups`` prompt groups of this rank's next records, G samples each, generated
+        and scored in the mode in force: a rollout with its rewards. ``timer`` (a
+        ``PhaseTimer``) times the phases."""
         ...
 
     def end_step(self) -> dict[str, float]:
         """The step's placement metrics; resets them."""
         ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict:
+        """What resumes exactly: carried prompts, auto's measurements."""
+        ...
 
     def load_state_dict(self, state: dict) -> None: ...
 

@@ -14,7 +14,7 @@ from the source by AST (no import of the project):
 Variables are recognised by name, not by type: the counts are as good as the names
 the code gives its objects, which is why the house style asks for role names.
 
-    .venv/bin/python tests/boundaries.py [paths...]   # prints every count and hit
+    .venv/bin/python tests/boundaries.py [--protocols FILE] [paths...]  # every count and hit
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"mmyatt": "mmyatt", "models": "mmyatt.models", "rewards": "mmyatt.rewards"}
 PACKAGES["datasets"] = "mmyatt.datasets"
 
+# protocol members whose names other objects have too (a PIL image's ``save``, argparse's
+# ``device``): asking an arbitrary object for these is not taken for probing a policy
+COMMON_NAMES = {"name", "device", "save", "module"}
 POLICY_NAMES = {"policy", "inner", "_inner", "adapter", "wrapped", "pol"}
-REWARD_NAMES = {"reward", "_reward", "source", "rewards_fn"}
+REWARD_NAMES = {"reward", "_reward", "rewards_fn"}
 HELD = POLICY_NAMES | REWARD_NAMES
 
 # Private members of third-party objects the engine must read (torch's in-place version
@@ -46,6 +49,7 @@ THIRD_PARTY_PRIVATE = {
     "_asdict",  # namedtuple
     "_replace",  # namedtuple
     "_exit",  # os: leave a forked child without running parent cleanups
+    "_GLOBAL_MEMORY_BUFFER",  # megatron-core's allocator, replaced on a CPU-only torch
 }
 
 
@@ -88,12 +92,34 @@ def _is_protocol_base(base: ast.expr) -> bool:
 
 def _holder(node: ast.expr) -> str | None:
     """The role name of ``node`` when it names a policy or a reward (``policy``,
-    ``self.policy``, ``ctl.reward``)."""
+    ``self.policy``, ``ctl.reward``; not a config section such as ``cfg.reward``)."""
     if isinstance(node, ast.Name) and node.id in HELD:
         return node.id
     if isinstance(node, ast.Attribute) and node.attr in HELD:
-        return node.attr
+        return None if ast.unparse(node.value).endswith("cfg") else node.attr
     return None
+
+
+def _built_here(tree: ast.AST) -> set[int]:
+    """Members read on names a function binds to an object it constructs
+    (``policy = FlowPolicy.load(...)``, ``reward = GenRMReward(...)``): an object a
+    function builds itself is its own concrete class, not one received across a boundary.
+    Returns ids of the Attribute nodes on such names."""
+    own: set[int] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        built = set()
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                callee = ast.unparse(node.value.func).split(".")[0]
+                if callee[:1].isupper():
+                    built |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if node.value.id in built:
+                    own.add(id(node))
+    return own
 
 
 def _is_dunder(name: str) -> bool:
@@ -112,18 +138,24 @@ def _where(path: Path, node: ast.AST) -> str:
 
 def undeclared_members(paths: Iterable[Path], declared: set[str]) -> list[str]:
     hits = []
-    for path, node in _walk(paths):
-        if isinstance(node, ast.Attribute) and _holder(node.value):
-            if node.attr not in declared and not _is_dunder(node.attr):
-                hits.append(_where(path, node))
+    for path in paths:
+        tree = ast.parse(path.read_text(), str(path))
+        own = _built_here(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _holder(node.value) and id(node) not in own:
+                if node.attr not in declared and not _is_dunder(node.attr):
+                    hits.append(_where(path, node))
     return hits
 
 
 def probes(paths: Iterable[Path], declared: set[str]) -> list[str]:
     hits = []
     for path, node in _walk(paths):
-        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
-            hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: def __getattr__")
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__getattr__":
+                    where = f"{path.relative_to(ROOT)}:{item.lineno}"
+                    hits.append(f"{where}: {node.name}.__getattr__ forwards anything")
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
             continue
         if node.func.id not in ("hasattr", "getattr") or len(node.args) < 2:
@@ -132,7 +164,7 @@ def probes(paths: Iterable[Path], declared: set[str]) -> list[str]:
         member = name.value if isinstance(name, ast.Constant) else None
         if node.func.id == "getattr" and len(node.args) == 2 and not _holder(target):
             continue  # a plain dynamic read (``getattr(cfg, field)``), no default to fall to
-        if _holder(target) or (member in declared and member != "__dict__"):
+        if _holder(target) or (member in declared and member not in COMMON_NAMES):
             hits.append(_where(path, node))
     return hits
 
@@ -154,7 +186,7 @@ def private_reaches(paths: Iterable[Path]) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module and _own(node.module, node.level):
             for alias in node.names:
                 if alias.name.startswith("_") and not _is_dunder(alias.name):
-                    hits.append(_where(path, node))
+                    hits.append(f"{path.relative_to(ROOT)}:{node.lineno}: import {alias.name}")
     return hits
 
 
@@ -242,11 +274,17 @@ def import_cycles(paths: list[Path]) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> None:
+    """``[--protocols FILE] [paths...]``: FILE's protocols as the declared members (to
+    count an older tree against today's protocols); paths: where to count
+    function-level imports (every library file by default)."""
+    protocols = ROOT / "mmyatt" / "protocols.py"
+    if argv[:1] == ["--protocols"]:
+        protocols, argv = Path(argv[1]), argv[2:]
     everything = library_files()
     engine = library_files(["mmyatt"])
     chosen = [ROOT / a for a in argv] if argv else everything
     chosen = [p for a in chosen for p in ([a] if a.is_file() else sorted(a.rglob("*.py")))]
-    declared = declared_members()
+    declared = declared_members(protocols)
     counts = {
         "undeclared members (mmyatt/)": undeclared_members(engine, declared),
         "probes (library)": probes(everything, declared),
