@@ -426,6 +426,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-frames", type=int, default=8)
     ap.add_argument("--patch-size", type=int, default=4)
     ap.add_argument("--num-layers", type=int, default=4)
+    ap.add_argument(
+        "--attention-head-dim",
+        type=int,
+        default=24,
+        help="4 heads of this width; the width must reach patch^2 x 3 (the velocity "
+        "of a patch, its noise included, passes through it)",
+    )
     ap.add_argument("--eval-samples", type=int, default=64)
     ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
     ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
@@ -458,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         num_frames=a.num_frames,
         patch_size=a.patch_size,
         num_layers=a.num_layers,
+        attention_head_dim=a.attention_head_dim,
         eval_samples=a.eval_samples,
         t_dist=a.t_dist,
         device=a.device,
