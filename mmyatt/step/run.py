@@ -38,7 +38,6 @@ from mmyatt.rewards.rules import check_reward_names  # noqa: F401 (registers one
 from mmyatt.serving.client import JudgeError
 from mmyatt.serving.pool import JudgePool
 from mmyatt.step import builders
-from mmyatt.step.controller import Controller
 from mmyatt.step.profile import profile_controller
 from mmyatt.step.sft import run_sft
 
@@ -271,7 +270,7 @@ def _controller(config: str, overrides: list[str], rd: Path, peers: PeerErrors |
         dist = controller_dist(cfg, dist)
         mirror = dist.mirror
         torch.manual_seed(cfg.trainer.seed)
-        ctl = Controller(
+        ctl = builders.build_controller(
             cfg,
             rd / ".mirror" / f"rank{dist.global_rank}" if mirror else rd,
             dist,
@@ -586,6 +585,7 @@ def sft_command(config: str, overrides: list[str], run_dir: str | None) -> int:
     """`mmyatt sft`: prepare data and the initial model, run SFT, write an HF checkpoint."""
     cfg = load_config(config, overrides)
     rd = resolve_run_dir(cfg, run_dir)
+    cfg = run_identity.claim(cfg, rd, overwrite=False, resume=False)
     quiet_libraries()
     no_sft = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"enabled": False})})
     cfg = prepare_run(no_sft, rd)
