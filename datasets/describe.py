@@ -321,12 +321,16 @@ def write_describe_task(
     val_fold: int = 1,
     shape_first: float = 0.0,
     extra_shapes: float = 0.0,
+    sft_holdout: bool = False,
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
     ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
     ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
-    records, every combination included. ``extra_colours``: the share of train and SFT
+    records, every combination included, and ``sft_heldout.jsonl`` the same draw with
+    the held-out combinations excluded, as RL's split (a warm start that never saw
+    them: ``sft.data=<run>/data/sft_heldout.jsonl``; ``sft_holdout=True`` makes it
+    ``sft.jsonl``). ``extra_colours``: the share of train and SFT
     records drawn in :data:`EXTRA_COLOURS` (the judge's extra colours, with every shape;
     the eval splits keep the palette). ``val_fold=2``: a second validation fold, for
     checking that a choice carries over to other held-out pairs: the validation pairs
@@ -335,7 +339,7 @@ def write_describe_task(
     the test split and its exclusions do not change. ``shape_first``: the share of the
     train and SFT records whose reference answer names the shape before the colour (the
     SFT warm start learns to write the shape first); ``extra_shapes``: the share of their
-    images showing an extra shape. Returns {"train", "sft", "test", "val"}."""
+    images showing an extra shape. Returns {"train", "sft", "sft_heldout", "test", "val"}."""
     if val_fold not in (1, 2):
         raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
     root = Path(out_dir)
@@ -357,17 +361,22 @@ def write_describe_task(
             extra_shapes=extra_shapes,
         ),
         # the warm start's split: every combination, as the flow recipes' base models saw
-        # them; "held-out" means unseen by RL and by the judge
-        "sft": describe_records(
-            n_train,
-            seed=2 * seed + 1,
-            video_fraction=video_fraction,
-            exclude_pairs=(),
-            exclude_triples=(),
-            extra_fraction=extra_colours,
-            shape_first=shape_first,
-            extra_shapes=extra_shapes,
-        ),
+        # them ("held-out" means unseen by RL and by the judge); the same draw without the
+        # held-out combinations is written beside it (docs/vlm_genrm.md: both measured on
+        # the validation split, this one chosen)
+        **{
+            name: describe_records(
+                n_train,
+                seed=2 * seed + 1,
+                video_fraction=video_fraction,
+                exclude_pairs=excl_p if held else (),
+                exclude_triples=excl_t if held else (),
+                extra_fraction=extra_colours,
+                shape_first=shape_first,
+                extra_shapes=extra_shapes,
+            )
+            for name, held in (("sft", sft_holdout), ("sft_heldout", True))
+        },
         "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
         "val": _eval_split(
             n_eval, val_seed, val_pairs, val_triples, video_fraction, excl_p, excl_t

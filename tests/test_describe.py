@@ -175,11 +175,22 @@ def test_judge_records_balance_images_and_clips():
 
 
 def test_warm_start_split_sees_every_combination(tmp_path):
+    """sft.jsonl sees every combination; sft_heldout.jsonl, the same draw without the
+    held-out pairs and triples (the other arm of docs/vlm_genrm.md), sees none of them,
+    and sft_holdout=True makes it the warm start's split."""
     import json
 
-    p = d.write_describe_task(tmp_path, n_train=300, n_eval=6)
-    sft = [json.loads(x) for x in p["sft"].read_text().splitlines()]
+    def read(path):
+        return [json.loads(x) for x in path.read_text().splitlines()]
+
+    p = d.write_describe_task(tmp_path / "a", n_train=300, n_eval=6)
+    sft, held = read(p["sft"]), read(p["sft_heldout"])
     assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
+    assert not any((r["colour"], r["shape"]) in HELDOUT for r in held)
+    triples = [(r["colour"], r["shape"], r["direction"]) for r in held if r["direction"]]
+    assert triples and not set(triples) & set(MOTION_HELDOUT)
+    q = d.write_describe_task(tmp_path / "b", n_train=300, n_eval=6, sft_holdout=True)
+    assert [r["answer"] for r in read(q["sft"])] == [r["answer"] for r in held]
 
 
 def test_extra_colours_reach_train_and_sft_only(tmp_path):
