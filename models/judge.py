@@ -3,7 +3,7 @@
 :class:`JudgeModel` is the two-method protocol a judge backend implements;
 :class:`TextJudge` implements it over any local Hugging Face causal LM (text only) and
 ``mmyatt.models.vlm.VLMPolicy`` over Qwen2-VL / Qwen2.5-VL. :func:`load_judge` picks
-one for a model directory. The server (``mmyatt.rewards.judge_server``) only batches
+one for a model directory. The server (``mmyatt.serving.server``) only batches
 requests and calls these two methods.
 """
 
@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from mmyatt.models import decode  # the decode loop of the text and VLM adapters
+from mmyatt.models.vlm import VLMPolicy
 
 VLM_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 
@@ -87,8 +90,8 @@ class TextJudge:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (tokenizer.eos_token_id or 0))
         eos = set()
-        for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-            ids = getattr(source, "eos_token_id", None)
+        for settings in (getattr(model, "generation_config", None), model.config, tokenizer):
+            ids = getattr(settings, "eos_token_id", None)
             if ids is None:
                 continue
             eos.update([ids] if isinstance(ids, int) else list(ids))
@@ -206,8 +209,6 @@ class TextJudge:
     ) -> list[tuple[str, list[float]]]:
         import torch
 
-        from mmyatt.models import decode  # the decode loop of the text and VLM adapters
-
         if len(seeds) != len(messages_batch):
             raise ValueError(f"{len(messages_batch)} conversations but {len(seeds)} seeds")
         with torch.no_grad():
@@ -260,7 +261,5 @@ def load_judge(path: str | Path, *, device: str | None = None) -> JudgeModel:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if model_type in VLM_MODEL_TYPES:
-        from mmyatt.models.vlm import VLMPolicy  # lazy: heavy, and only for VLM judges
-
         return VLMPolicy.load(str(p), device=device)
     return TextJudge.load(p, device=device)

@@ -3,8 +3,8 @@
 :class:`GenRMReward` is a reward function with the same call signature as
 :class:`~mmyatt.rewards.rules.WeightedReward`: ``reward(outputs, records, prompt_ids)
 -> (rewards (N,) float32, parts)``. It builds one judge conversation per sample from
-a prompt template, sends them through a judge client (:class:`~mmyatt.rewards.
-judge_client.JudgeClient`, which talks to ``mmyatt serve-genrm`` or ``vllm serve``)
+a prompt template, sends them through a judge client (:class:`~mmyatt.serving.
+client.JudgeClient`, which talks to ``mmyatt serve-genrm`` or ``vllm serve``)
 and turns the answers into numbers with one of two modes:
 
 ``yes_prob``
@@ -51,7 +51,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from PIL import Image
+
+from mmyatt.rewards import vqa
+from mmyatt.rewards.pairwise import VERDICTS, judge_pairwise
 from mmyatt.rewards.rules import check_batch
+from mmyatt.rewards.verdicts import parse_score, top_pairs, yes_probability
+from mmyatt.rewards.judge_client import JudgeClient
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -102,16 +109,12 @@ def image_data_url(image: Any) -> str:
         mime = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp", ".gif": "gif"}
         kind = mime.get(path.suffix.lower())
         if kind is None:  # unknown suffix: decode and re-encode as PNG
-            from PIL import Image
-
             with Image.open(path) as img:
                 return image_data_url(img.copy())
         return f"data:image/{kind};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-    if hasattr(image, "save") and hasattr(image, "mode"):  # PIL.Image.Image
+    if isinstance(image, Image.Image):
         img = image
-    elif hasattr(image, "dtype") and hasattr(image, "shape"):  # numpy array
-        from PIL import Image
-
+    elif isinstance(image, np.ndarray):
         img = Image.fromarray(image)
     else:
         raise TypeError(
@@ -125,53 +128,6 @@ def image_data_url(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _logsumexp(values: list[float]) -> float:
-    if not values:
-        return -math.inf
-    top = max(values)
-    if top == -math.inf:
-        return top
-    return top + math.log(sum(math.exp(v - top) for v in values))
-
-
-def yes_probability(
-    top_logprobs: Sequence[tuple[str, float]],
-    yes_tokens: Sequence[str],
-    no_tokens: Sequence[str],
-) -> float | None:
-    """P(yes) / (P(yes) + P(no)) from (token, logprob) pairs; None if neither side appears.
-
-    >>> round(yes_probability([("Yes", math.log(0.6)), ("No", math.log(0.2))], ["Yes"], ["No"]), 4)
-    0.75
-    """
-    yes = [lp for tok, lp in top_logprobs if tok in yes_tokens]
-    no = [lp for tok, lp in top_logprobs if tok in no_tokens]
-    if not yes and not no:
-        return None
-    ly, ln = _logsumexp(yes), _logsumexp(no)
-    if ln == -math.inf:
-        return 1.0
-    if ly == -math.inf:
-        return 0.0
-    return 1.0 / (1.0 + math.exp(ln - ly))
-
-
-def parse_score(text: str, pattern: re.Pattern, score_max: float) -> float | None:
-    """The last match of ``pattern`` (group 1, else the match) / score_max, or None."""
-    matches = list(pattern.finditer(text or ""))
-    if not matches:
-        return None
-    m = matches[-1]
-    raw = m.group(1) if m.groups() else m.group(0)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        return None
-    if not 0.0 <= value <= score_max or not math.isfinite(value):
-        return None
-    return value / score_max
-
-
 def _question_text(messages: list[dict]) -> str:
     """The text the judge read in the last user turn (images left out)."""
     content = messages[-1]["content"]
@@ -180,19 +136,8 @@ def _question_text(messages: list[dict]) -> str:
     return " ".join(p.get("text", "") for p in content if p.get("type") == "text")
 
 
-def _top_pairs(response: dict) -> list[tuple[str, float]] | None:
-    try:
-        entry = response["choices"][0]["logprobs"]["content"][0]
-    except (KeyError, IndexError, TypeError):
-        return None
-    pairs = [(t["token"], float(t["logprob"])) for t in entry.get("top_logprobs") or []]
-    if entry.get("token") is not None and entry["token"] not in {t for t, _ in pairs}:
-        pairs.append((entry["token"], float(entry["logprob"])))
-    return pairs
-
-
 class GenRMReward:
-    """A GenRM reward function; see the module docstring.
+    """A GenRM reward (the ``Reward`` protocol); see the module docstring.
 
     ``client`` is anything with ``chat_many(list_of_request_dicts) -> list_of_responses``
     (a :class:`JudgeClient`), or a URL / list of URLs to build one from.
@@ -238,15 +183,11 @@ class GenRMReward:
         if top_logprobs < 1:  # servers cap it: OpenAI at 20, vLLM at --max-logprobs
             raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs}")
         if isinstance(client, (str, list, tuple)):
-            from mmyatt.rewards.judge_client import JudgeClient
-
             client = JudgeClient(client)
         self.client = client
         self.mode = mode
         # pairwise (rewards/pairwise.py): verdicts of the judge on two images, or derived
         # from each sample's P(Yes) (asked with the yes_prob template)
-        from mmyatt.rewards.pairwise import VERDICTS
-
         if verdict not in VERDICTS:
             raise ValueError(f"pairwise verdict must be one of {VERDICTS}, got {verdict!r}")
         self.verdict, self.max_opponents = verdict, max_opponents
@@ -255,13 +196,11 @@ class GenRMReward:
             template = DEFAULT_TEMPLATES["yes_prob"]
         self.questions: list[dict[str, str]] = []
         if mode == "vqa":  # rewards/vqa.py: questions with expected answers, no template
-            from mmyatt.rewards.vqa import COMBINE, parse_questions
-
             if template is not None:
                 raise ValueError("GenRM mode 'vqa' takes 'questions', not a 'template'")
-            if combine not in COMBINE:
-                raise ValueError(f"GenRM combine must be one of {COMBINE}, got {combine!r}")
-            self.questions, self.combine = parse_questions(questions), combine
+            if combine not in vqa.COMBINE:
+                raise ValueError(f"GenRM combine must be one of {vqa.COMBINE}, got {combine!r}")
+            self.questions, self.combine = vqa.parse_questions(questions), combine
             template = self.questions[0]["question"]
         elif questions is not None:
             raise ValueError(f"GenRM 'questions' is for mode 'vqa', not {mode!r}")
@@ -294,6 +233,8 @@ class GenRMReward:
             "parse_failures": 0,
             "fallback_used": 0,
         }
+
+    reads_latents = False  # the judge reads decoded images or text
 
     @property
     def compares_groups(self) -> bool:
@@ -420,7 +361,7 @@ class GenRMReward:
                 "verdict": reward,
             }
             if self.mode == "yes_prob":
-                pairs = _top_pairs(resp) or []
+                pairs = top_pairs(resp) or []
                 try:
                     v["raw"] = resp["choices"][0]["logprobs"]["content"][0]["token"]
                 except (KeyError, IndexError, TypeError):
@@ -440,7 +381,7 @@ class GenRMReward:
             for i in range(n):
                 row = []
                 for k in range(self.repeats):
-                    pairs = _top_pairs(responses[i * self.repeats + k])
+                    pairs = top_pairs(responses[i * self.repeats + k])
                     row.append(
                         None
                         if pairs is None
@@ -472,16 +413,14 @@ class GenRMReward:
         if self.mode == "pairwise":
             return self._pairwise(outputs, records, prompt_ids)
         if self.mode == "vqa":
-            from mmyatt.rewards.vqa import combine, vqa_requests, vqa_values
-
-            bodies = vqa_requests(self, outputs, records)
+            bodies = vqa.vqa_requests(self, outputs, records)
         else:
             bodies = self.requests(outputs, records)
         self._calls += 1
         responses = self.client.chat_many(bodies) if bodies else []
         self.stats["requests"] += len(bodies)
         if self.mode == "vqa":
-            values = vqa_values(self, list(responses), records, outputs)
+            values = vqa.vqa_values(self, list(responses), records, outputs)
         else:
             values = self._values(list(responses), len(outputs))
         rewards, failed = [], []
@@ -489,7 +428,7 @@ class GenRMReward:
             misses = sum(v is None for v in row)
             filled = [self.fallback if v is None else v for v in row]
             if self.mode == "vqa":
-                rewards.append(combine(filled, self.combine))
+                rewards.append(vqa.combine(filled, self.combine))
             else:
                 rewards.append(sum(filled) / len(filled))
             failed.append(misses / len(row))
@@ -500,14 +439,16 @@ class GenRMReward:
             len(self.questions) if self.mode == "vqa" else self.repeats
         )
         if self.mode == "vqa":
+            answers = vqa.vqa_answers(self, list(responses), records, outputs)
             self.last_verdicts = [
                 {
                     "mode": "vqa",
                     "questions": [q["question"] for q in self.questions],
+                    **said,  # expected and answers, per question
                     "values": row,
                     "verdict": r,
                 }
-                for row, r in zip(values, rewards)
+                for row, r, said in zip(values, rewards, answers)
             ]
         else:
             self.last_verdicts = self._verdicts(bodies, list(responses), values, rewards)
@@ -520,8 +461,6 @@ class GenRMReward:
     def _pairwise(self, outputs, records, prompt_ids) -> tuple[Tensor, dict[str, Tensor]]:
         """Win rates within each group (rewards/pairwise.py), swap consistency beside."""
         import torch
-
-        from mmyatt.rewards.pairwise import judge_pairwise
 
         self._calls += 1
         wins, consistency, failed, st = judge_pairwise(self, outputs, records, prompt_ids)

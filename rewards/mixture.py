@@ -14,32 +14,33 @@ cross ranks), and a constant term becomes 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from mmyatt.protocols import Reward
 from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.rules import WeightedReward
-
-BatchReward = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+from mmyatt.rewards.judge_client import JudgeClient
 
 
 class RewardMixture:
-    def __init__(self, terms: Sequence[tuple[str, BatchReward, float, bool]]):
-        """terms: (label, batch reward, weight, zscore)."""
+    """Weighted terms, each a rule set or a judge (the ``Reward`` protocol, as each term is)."""
+
+    def __init__(self, terms: Sequence[tuple[str, Reward, float, bool]]):
+        """terms: (label, reward, weight, zscore)."""
         if not terms:
             raise ValueError("RewardMixture needs at least one term")
         self.terms = list(terms)
         # per sample of the last call: {term label: the judge's verdict} for GenRM terms
         # (question, raw answer, parsed P(Yes) or score; see GenRMReward._verdicts)
         self.last_verdicts: list[dict] = []
-        latent = [t[0] for t in self.terms if getattr(t[1], "reads_latents", False)]
+        latent = [t[0] for t in self.terms if t[1].reads_latents]
         if latent and len(latent) < len(self.terms):
             raise ValueError(
                 f"rewards {latent} read latents, the others decoded outputs; one rollout "
-                "gives one or the other (rewards/image.py reads_latents)"
+                "gives one or the other (rewards/latent.py)"
             )
         self.reads_latents = bool(latent)  # every term reads latents: rollouts skip the decode
 
@@ -63,11 +64,8 @@ class RewardMixture:
                         f"reward.functions[{i}] is 'genrm' but no judge is configured: set "
                         "reward.judge.model (servers started with the run) or reward.judge.urls"
                     )
-                from mmyatt.rewards.genrm import GenRMReward
-                from mmyatt.rewards.judge_client import JudgeClient
-
                 client = client or JudgeClient(list(judge_urls), api_key=api_key, **client_kwargs)
-                source: Any = GenRMReward(client, **kwargs)
+                source: Reward = GenRMReward(client, **kwargs)
             else:
                 source = WeightedReward([{"name": name, "kwargs": kwargs}])
             label = name if name not in {t[0] for t in terms} else f"{name}#{i}"
@@ -78,7 +76,7 @@ class RewardMixture:
     def compares_groups(self) -> bool:
         """Some term's reward of a sample depends on the other samples of its group
         (placement partial then streams whole groups to the judge, not single samples)."""
-        return any(getattr(source, "compares_groups", False) for _l, source, _w, _z in self.terms)
+        return any(source.compares_groups for _l, source, _w, _z in self.terms)
 
     @property
     def names(self) -> list[str]:
@@ -88,7 +86,7 @@ class RewardMixture:
         for label, source, _w, _z in self.terms:
             names.append(label)
             if not isinstance(source, WeightedReward):
-                names += [n for n in getattr(source, "names", []) if n != label]
+                names += [n for n in source.names if n != label]
         return names
 
     def __call__(self, outputs, records, prompt_ids=None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -97,9 +95,8 @@ class RewardMixture:
         verdicts: list[dict] = [{} for _ in outputs]
         for label, source, weight, zscore in self.terms:
             values, extra = source(outputs, records, prompt_ids)
-            if isinstance(source, GenRMReward):
-                for row, v in zip(verdicts, source.last_verdicts):
-                    row[label] = v
+            for row, v in zip(verdicts, source.last_verdicts):  # judges only: rules give none
+                row[label] = v
             values = values.float()
             parts[label] = values
             for k, v in extra.items():

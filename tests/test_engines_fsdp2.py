@@ -213,7 +213,7 @@ def test_fsdp2_options_single_process(tmp_path):
     params = [p for p in wrapped.module().parameters() if p.requires_grad]
     before = [p.full_tensor().clone() for p in params]
     r = wrapped.generate([{"prompt": "1+2=", "_index": 0}], 4, Sampling(max_new_tokens=4), [7])
-    assert wrapped.filler is not None and len(r) == 4
+    assert engine.filler is not None and len(engine.filler) == 2 and len(r) == 4
     lp = wrapped.logprobs(r)
     assert lp.dtype == torch.float32 and torch.isfinite(lp).all()
     # bf16 compute: the recomputed log-probs are close to, not equal to, the sampled ones
@@ -262,9 +262,9 @@ def test_engine_config_errors(overrides, match):
     [(["train.backend=megatron"], "megatron"), (["rollout.backend=vllm"], "vllm")],
 )
 def test_missing_engine_fails_at_start_with_the_install_command(monkeypatch, overrides, extra):
-    import mmyatt.engines as engines
+    from mmyatt.engines import install
 
-    monkeypatch.setattr(engines, "available", lambda name: False)
+    monkeypatch.setattr(install, "available", lambda name: False)
     with pytest.raises(ConfigError, match=rf"pip install 'mmyatt\[{extra}\]'"):
         load_config(None, overrides)
 

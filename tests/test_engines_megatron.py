@@ -85,7 +85,7 @@ def _loss(logits, ids, attn):
 def _tp_rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as tdist
 
-    from mmyatt.engines import megatron as M
+    from mmyatt.engines import megatron_model as M
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -139,7 +139,7 @@ def test_tensor_parallel_2_equals_one_process(tmp_path):
 
 @needs_megatron
 def test_one_process_logits_and_round_trip_through_the_model():
-    from mmyatt.engines import megatron as M
+    from mmyatt.engines import megatron_model as M
 
     hf = qwen2(tied=False)
     M.init_parallel(1)

@@ -8,14 +8,13 @@ import io
 import json
 import math
 import re
-import sys
 import threading
 import time
-import types
 
 import pytest
 import torch
 
+from mmyatt.models import judge as judge_module
 from mmyatt.rewards.genrm import GenRMReward, load_template, parse_score, yes_probability
 from mmyatt.rewards.judge_client import JudgeClient
 from mmyatt.rewards.judge_server import JudgeModel, JudgeServer, TextJudge, load_judge
@@ -267,7 +266,6 @@ def test_text_judge_rejects_images_with_a_clear_error(tiny_judge_dir):
 def test_load_judge_picks_vlm_policy_for_qwen2_vl(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
     loaded = []
-    fake = types.ModuleType("mmyatt.models.vlm")
 
     class VLMPolicy:
         @classmethod
@@ -275,6 +273,5 @@ def test_load_judge_picks_vlm_policy_for_qwen2_vl(tmp_path, monkeypatch):
             loaded.append(path)
             return "vlm-judge"
 
-    fake.VLMPolicy = VLMPolicy
-    monkeypatch.setitem(sys.modules, "mmyatt.models.vlm", fake)
+    monkeypatch.setattr(judge_module, "VLMPolicy", VLMPolicy)
     assert load_judge(tmp_path) == "vlm-judge" and loaded == [str(tmp_path)]

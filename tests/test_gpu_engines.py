@@ -68,7 +68,7 @@ def test_fsdp2_step_on_device_matches_replica(model_dir):
 
 @pytest.mark.skipif(not available("megatron"), reason="megatron-core not installed")
 def test_megatron_logits_on_device(model_dir):
-    from mmyatt.engines import megatron as M
+    from mmyatt.engines import megatron_model as M
 
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16, device=DEVICE).module()
     M.init_parallel(1)

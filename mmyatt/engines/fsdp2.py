@@ -17,7 +17,8 @@ rank's samples stop early, ranks hold different eval chunks). Inside
 involve no collective; on leaving, the units are resharded.
 
 Training forwards and backwards are collectives: a rank with no samples in a minibatch
-still runs one (``lockstep``; the controller runs a zero-weight pass).
+still runs one (``lockstep``; the controller runs a zero-weight pass on the filler, two
+samples this engine keeps from the rank's last generation).
 
 Options (``train.*``):
 
@@ -38,12 +39,17 @@ parameter names), written by ``mmyatt.checkpoint.checkpointer`` in safetensors l
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from mmyatt.engines import EnginePolicy, LockstepMixin
+from mmyatt.distributed import free_port
+from mmyatt.engines.wrapper import WrappedPolicy
+from mmyatt.protocols import Policy, Sampling
+from mmyatt.rollout import Rollout
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -78,13 +84,55 @@ def _contains(outer: nn.Module, inner: nn.Module) -> bool:
     return any(m is inner for m in outer.modules())
 
 
-class FSDP2Engine(LockstepMixin):
+class EnginePolicy(WrappedPolicy):
+    """The policy as the controller sees it under a sharding engine: ``generate`` runs
+    inside ``engine.rollout_weights`` and hands the engine two samples (the filler a rank
+    without samples runs its zero-weight passes on); EMA state is whole in checkpoints."""
+
+    def __init__(self, inner: Policy, engine):
+        super().__init__(inner)
+        self._engine = engine
+
+    def generate(
+        self, prompts: list[dict], group_size: int, sampling: Sampling, seeds: list[int]
+    ) -> Rollout:
+        with self._engine.rollout_weights(self._inner):
+            out = self._inner.generate(prompts, group_size, sampling, seeds)
+        self._engine.keep_filler(out)
+        return out
+
+    # EMA (model.ema_decay): the adapter's EMA is elementwise over its parameters, so over
+    # sharded parameters it is a sharded EMA (each rank averages its own shard, no
+    # communication). Checkpoints hold it whole, like the weights.
+    def ema_state(self) -> dict[str, Tensor] | None:
+        state = self._inner.ema_state()
+        return None if state is None else {k: _full(v) for k, v in state.items()}
+
+    def load_ema_state(self, state: dict[str, Tensor] | None) -> None:
+        if state is None:
+            return self._inner.load_ema_state(None)
+        params = dict(self._inner.module().named_parameters())
+        self._inner.load_ema_state({k: _shard_like(v, params[k]) for k, v in state.items()})
+
+
+class FSDP2Engine:
+    """Sharded training (module docstring); the ``LockstepEngine`` protocol: every pass
+    is a collective, so a rank without samples runs the same passes with weight 0."""
+
     name = "fsdp2"
+    lockstep = True
 
     def __init__(self, dist, train_cfg):
         self.dist, self.cfg = dist, train_cfg
         self.units: list = []
         self.root = None
+        self.filler: Rollout | None = None  # two samples of this rank's last generation
+        self.reference_taken = False
+
+    def enable_reference(self, policy: Policy) -> None:
+        if not self.reference_taken:  # taken before sharding (see build_engines)
+            policy.enable_reference()
+            self.reference_taken = True
 
     # ------------------------------------------------------------------ wrapping
     def wrap(self, policy):
@@ -131,6 +179,57 @@ class FSDP2Engine(LockstepMixin):
         """Gradients are already reduce-scattered by backward; clip their global norm."""
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return _full(norm).float()
+
+    # ------------------------------------------------------------------ lockstep
+    def keep_filler(self, rollout: Rollout) -> None:
+        """Two rows: a one-row pass can hang FSDP2's backward (``zero_weight_loss``). Rows
+        a vLLM engine cut short (no live action) are avoided when there are enough."""
+        if len(rollout) < 2:
+            return
+        live = [i for i in range(len(rollout)) if rollout.mask[i].any()][:2]
+        self.filler = rollout.select(live if len(live) == 2 else [0, 1])
+
+    def _filler(self) -> Rollout:
+        if self.filler is None:
+            raise RuntimeError(
+                "a controller without samples must still join the sharded forward/backward, "
+                "but it has generated nothing yet to run it on"
+            )
+        return self.filler
+
+    def zero_weight_loss(self, policy: Policy) -> Tensor:
+        """A loss of exactly 0 whose backward runs every collective a real one does.
+
+        Seen with torch 2.13 on gloo: when one rank's sharded forward has a single row
+        and another's more, FSDP2 on the one-row rank skips a pre-backward all-gather
+        (it warns that a module "returned a view tensor") and the ranks hang in backward.
+        So the filler has two rows, and ``check_engines`` asks for sampling.group_size
+        >= 2 with fsdp2 (minibatches hold whole groups)."""
+        lp = policy.logprobs(self._filler())
+        return lp.sum() * 0.0
+
+    def idle_rollout(self, policy: Policy) -> Rollout:
+        """The filler with zero advantages and rewards, for a loss that reads them (the
+        DiffusionNFT loss of a rank without samples; its result is multiplied by 0)."""
+        filler = self._filler()
+        zero = torch.zeros(len(filler))
+        return dataclasses.replace(filler, advantages=zero, rewards=zero.clone())
+
+    @torch.no_grad()
+    def idle_logprob_passes(self, policy: Policy, algorithm, closed_form_kl: bool) -> None:
+        """The forwards ``old_and_reference_logprobs`` makes, on the filler, results dropped."""
+        filler = self._filler()
+        if algorithm.recompute_old_logprobs:
+            policy.logprobs(filler)
+        if closed_form_kl:
+            self.idle_reference_means(policy)
+        elif algorithm.kl_coef > 0:
+            policy.reference_logprobs(filler)
+
+    @torch.no_grad()
+    def idle_reference_means(self, policy: Policy) -> None:
+        """The reference forward ``attach_reference_means`` makes, on the filler."""
+        policy.attach_reference_means(self._filler().select([0]))
 
     @contextmanager
     def rollout_weights(self, policy):
@@ -195,14 +294,20 @@ class FSDP2Engine(LockstepMixin):
         self.dist.barrier()
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+def _full(t: Tensor) -> Tensor:
+    """A DTensor's whole value (a collective: every rank calls it); others as they are."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _shard_like(full: Tensor, param: Tensor) -> Tensor:
+    """``full`` laid out like ``param`` (this rank's shard when it is a DTensor)."""
+    if not isinstance(param, DTensor):
+        return full.to(param.dtype)
+    return distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements)
 
 
 def _init_single_process_group(device: torch.device) -> None:
     import torch.distributed as tdist
-
-    from mmyatt.distributed import free_port
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     tdist.init_process_group(

@@ -33,9 +33,11 @@ import torch
 import torch.distributed as tdist
 from torch import Tensor
 
-from mmyatt.checkpoint.checkpointer import Checkpointer
+from mmyatt.checkpoint.checkpointer import Checkpointer, rng_state, set_rng_state
 from mmyatt.distributed import Dist
-from mmyatt.rewards.mixture import RewardMixture
+from mmyatt.engines.megatron_model import init_parallel
+from mmyatt.protocols import Reward
+from mmyatt.rewards.judge_client import JudgeError
 
 
 class GroupDist(Dist):
@@ -48,8 +50,6 @@ class GroupDist(Dist):
 
     def __init__(self, base: Dist, tp: int, pp: int = 1):
         from megatron.core import parallel_state as ps
-
-        from mmyatt.engines.megatron import init_parallel
 
         init_parallel(tp, pp)
         super().__init__(
@@ -91,7 +91,7 @@ def controller_dist(cfg, dist: Dist) -> Dist:
     """The controller's ``Dist``: a :class:`GroupDist` when a Megatron tensor-parallel
     group is one controller, else ``dist`` itself."""
     t = cfg.train
-    pp = int(getattr(t, "pipeline_parallel", 1))
+    pp = int(t.pipeline_parallel)
     if t.backend != "megatron" or t.tensor_parallel * pp == 1:
         return dist
     procs = tdist.get_world_size() if tdist.is_initialized() else 1
@@ -118,8 +118,6 @@ class MirrorCheckpointer(Checkpointer):
 
 def broadcast_rollout(out, tp_group_first: int, group):
     """The group's first rank's rollout and RNG state on every rank of ``group``."""
-    from mmyatt.checkpoint.checkpointer import rng_state, set_rng_state
-
     box = [(out, rng_state()) if out is not None else None]
     tdist.broadcast_object_list(box, src=tp_group_first, group=group)
     rollout, rng = box[0]
@@ -168,7 +166,7 @@ def clip_grad_norm_tp(params, max_norm: float, *, skip=None, stages: bool = Fals
     return torch.tensor(norm, dtype=torch.float32)
 
 
-class GroupReward(RewardMixture):
+class GroupReward:
     """The rewards of a model-parallel group that is one controller: the group's first
     rank scores (its judge calls go out once) and broadcasts ``(rewards, parts,
     verdicts)`` to the group; a judge error there is raised on every rank of the group
@@ -177,22 +175,32 @@ class GroupReward(RewardMixture):
     placement.mode=partial scores chunks in a background thread while the main thread
     broadcasts the next chunk's rollout over the model-parallel group."""
 
-    def __init__(self, inner: RewardMixture, src: int, group):
-        self.__dict__.update(inner.__dict__)  # terms, last_verdicts, reads_latents
-        self.src, self.group = src, group
+    def __init__(self, inner: Reward, src: int, group):
+        self.inner, self.src, self.group = inner, src, group
+        self.last_verdicts: list[dict] = []
+
+    @property
+    def names(self) -> list[str]:
+        return self.inner.names
+
+    @property
+    def reads_latents(self) -> bool:
+        return self.inner.reads_latents
+
+    @property
+    def compares_groups(self) -> bool:
+        return self.inner.compares_groups
 
     def __call__(self, outputs, records, prompt_ids=None):
-        from mmyatt.rewards.judge_client import JudgeError
-
         box: list = [None]
         if tdist.get_rank() == self.src:
             try:
-                out = super().__call__(outputs, records, prompt_ids)
+                out = self.inner(outputs, records, prompt_ids)
             except Exception as e:
                 box[0] = ("judge" if isinstance(e, JudgeError) else "error", repr(e))
                 tdist.broadcast_object_list(box, src=self.src, group=self.group)
                 raise
-            box[0] = ("ok", out, self.last_verdicts)
+            box[0] = ("ok", out, self.inner.last_verdicts)
         tdist.broadcast_object_list(box, src=self.src, group=self.group)
         kind, *rest = box[0]
         if kind == "judge":
@@ -203,7 +211,7 @@ class GroupReward(RewardMixture):
         return out
 
 
-def group_reward(reward, dist):
+def group_reward(reward: Reward, dist) -> Reward:
     """``reward`` as the controller calls it: a :class:`GroupReward` on every process of a
     model-parallel group when ``dist`` is a :class:`GroupDist`, else ``reward`` itself.
     Every process must call this (it creates one gloo group per model-parallel group)."""

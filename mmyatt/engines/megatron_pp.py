@@ -18,7 +18,7 @@ as the last stage's output layer (initialised from the first stage's through the
 embedding group); after a backward their gradients are summed over that group
 (``allreduce_tied_embedding_grads``), as megatron's ``finalize_model_grads`` does.
 
-CPU: besides ``megatron.cpu_shims``, two more, each only around megatron's own calls on
+CPU: besides ``megatron_model.cpu_shims``, two more, each only around megatron's own calls on
 a CPU-only torch: ``cpu_tensors`` (building a stage: the tied-embedding set-up calls
 ``.cuda()``) and ``cpu_schedule`` (the schedules count tokens in a ``torch.zeros(device="cuda")`` and the
 p2p path may call ``torch.cuda.synchronize``; gloo's sends complete on the CPU).
@@ -31,13 +31,14 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor
 
-from mmyatt.engines.megatron import (
+from mmyatt.engines.megatron_convert import check_tp, hf_to_megatron, megatron_to_hf
+from mmyatt.engines.megatron_model import (
+    attention_inputs,
     cpu_current_device,
     rng_states,
     rope_theta,
     transformer_config,
 )
-from mmyatt.engines.megatron_convert import check_tp, hf_to_megatron, megatron_to_hf
 
 
 def init_parallel(tp: int = 1, pp: int = 1) -> None:
@@ -87,7 +88,7 @@ def build_stage(hf_cfg, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.flo
         )
 
 
-def _layer_key(key: str, offset: int) -> str:
+def layer_key(key: str, offset: int) -> str:
     """``decoder.layers.i.rest`` with ``i`` shifted by ``offset`` (other keys unchanged)."""
     if not key.startswith("decoder.layers."):
         return key
@@ -104,7 +105,7 @@ def stage_weights(full: dict[str, Tensor], hf_cfg, pp: int, stage: int) -> dict[
         if k.startswith("decoder.layers."):
             i = int(k.split(".")[2])
             if i in layers:
-                out[_layer_key(k, -layers.start)] = v
+                out[layer_key(k, -layers.start)] = v
         elif k.startswith("embedding."):
             if stage == 0:
                 out[k] = v
@@ -138,7 +139,7 @@ def join_stages(tensors: dict[str, Tensor], hf_cfg) -> dict[str, Tensor]:
     tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
     stage = ps.get_pipeline_model_parallel_rank()
     offset = stage_range(hf_cfg.num_hidden_layers, pp, stage).start
-    local = {_layer_key(k, offset): v.detach().contiguous() for k, v in tensors.items()}
+    local = {layer_key(k, offset): v.detach().contiguous() for k, v in tensors.items()}
     if pp > 1 and hf_cfg.tie_word_embeddings and stage == pp - 1:
         local.pop("output_layer.weight", None)
     shards: list[dict[str, Tensor]] = [dict() for _ in range(tp)]
@@ -214,8 +215,6 @@ def forward_backward(model, batches: list[dict], loss_fn, *, forward_only: bool 
     one microbatch; all the same shape). Returns the microbatch losses on the last stage
     (an empty list elsewhere). Tied-embedding gradients are summed after the backward."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    from mmyatt.engines.megatron import attention_inputs
 
     def step(data_iterator, model):
         batch = next(data_iterator)

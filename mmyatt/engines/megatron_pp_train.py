@@ -35,17 +35,14 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmyatt.engines.megatron import (
-    MOMENTS,
-    MegatronTextPolicy,
-    token_logprobs,
-    trimmed_inputs,
-)
 from mmyatt.engines.megatron_convert import hf_to_megatron
+from mmyatt.engines.megatron_group import broadcast_rollout, clip_grad_norm_tp
+from mmyatt.engines.megatron_model import MOMENTS, token_logprobs, trimmed_inputs, weights
+from mmyatt.engines.megatron_policy import MegatronTextPolicy
 from mmyatt.engines.megatron_pp import (
-    _layer_key,
     forward_backward,
     join_stages,
+    layer_key,
     load_stage_weights,
     stage_range,
     stage_weights,
@@ -75,13 +72,13 @@ class _PipelineLogprobs(torch.autograd.Function):
     the schedule with the RL loss's gradient as the last stage's loss (module docstring)."""
 
     @staticmethod
-    def forward(ctx, anchor, policy, batches):
-        ctx.policy, ctx.batches = policy, batches
-        return policy._pipeline_forward(batches)
+    def forward(ctx, anchor, pipeline, batches):
+        ctx.pipeline, ctx.batches = pipeline, batches
+        return pipeline.pipeline_forward(batches)
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
-        ctx.policy._pipeline_backward(ctx.batches, g_lp, g_ent)
+        ctx.pipeline.pipeline_backward(ctx.batches, g_lp, g_ent)
         return None, None, None
 
 
@@ -93,7 +90,7 @@ class PipelineTextPolicy(MegatronTextPolicy):
         self._anchor = torch.zeros((), requires_grad=True)  # makes the log-probs differentiable
 
     def whole_weights(self) -> dict[str, Tensor]:
-        return join_stages({k: v for k, v in _weights(self.model).items()}, self.hf_cfg)
+        return join_stages({k: v for k, v in weights(self.model).items()}, self.hf_cfg)
 
     def load_whole(self, state: dict[str, Tensor]) -> None:
         load_stage_weights(self.model, state, self.hf_cfg)
@@ -104,8 +101,6 @@ class PipelineTextPolicy(MegatronTextPolicy):
         return ps.get_model_parallel_group()
 
     def generate(self, prompts, group_size, sampling, seeds):
-        from mmyatt.engines.megatron_group import broadcast_rollout
-
         self.sync_weights()  # every stage joins the gather
         group = self._group()
         first = min(tdist.get_process_group_ranks(group))
@@ -150,7 +145,7 @@ class PipelineTextPolicy(MegatronTextPolicy):
             batch["last"],
         )
 
-    def _pipeline_forward(self, batches: list[dict]) -> tuple[Tensor, Tensor]:
+    def pipeline_forward(self, batches: list[dict]) -> tuple[Tensor, Tensor]:
         from megatron.core import parallel_state as ps
 
         outs: list[tuple[Tensor, Tensor]] = []
@@ -178,7 +173,7 @@ class PipelineTextPolicy(MegatronTextPolicy):
         )
         return both[0].clone(), both[1].clone()
 
-    def _pipeline_backward(self, batches: list[dict], g_lp: Tensor, g_ent: Tensor) -> None:
+    def pipeline_backward(self, batches: list[dict], g_lp: Tensor, g_ent: Tensor) -> None:
         m = len(batches)
 
         def loss_fn(logits, batch):
@@ -200,12 +195,6 @@ class PipelineTextPolicy(MegatronTextPolicy):
         return lp, F.pad(ent, (0, A - last))
 
 
-def _weights(model) -> dict[str, Tensor]:
-    from mmyatt.engines.megatron import weights
-
-    return weights(model)
-
-
 # --------------------------------------------------------------------- update pieces
 def clip_grad_norm_pp(model, params, max_norm: float) -> Tensor:
     """``clip_grad_norm_`` over the pipeline's stages: every stage's squared norm summed
@@ -213,8 +202,6 @@ def clip_grad_norm_pp(model, params, max_norm: float) -> Tensor:
     with TP inside the stages, split weights' squared norms summed over the
     tensor-parallel group first, replicated ones counted once; every rank scales by the
     same factor. Returns the global norm (float32)."""
-    from mmyatt.engines.megatron_group import clip_grad_norm_tp
-
     skip = model.shared_embedding_or_output_weight() if _tied_copy(model) else None
     return clip_grad_norm_tp(params, max_norm, skip=skip, stages=True)
 
@@ -231,7 +218,7 @@ def optimizer_state_pp(model, optimizer, hf_cfg) -> dict:
     if not state:  # before the first step, on every stage alike
         return out
     offset = _stage_offset(hf_cfg)
-    steps = {_layer_key(n, offset): s["step"] for n, s in state.items()}
+    steps = {layer_key(n, offset): s["step"] for n, s in state.items()}
     gathered: list = [None] * ps.get_pipeline_model_parallel_world_size()
     tdist.all_gather_object(gathered, steps, group=ps.get_pipeline_model_parallel_group())
     out["step"] = {k: v for g in gathered for k, v in g.items()}
@@ -255,7 +242,7 @@ def load_optimizer_state_pp(model, optimizer, state: dict, hf_cfg) -> None:
             local[m] = stage_weights(full, hf_cfg, pp, stage)
     per = {}
     for i, n in enumerate(names):
-        key = _layer_key(n, offset)
+        key = layer_key(n, offset)
         if key in state["step"]:
             per[i] = {"step": state["step"][key], **{m: local[m][n].clone() for m in local}}
     own = optimizer.state_dict()["param_groups"]

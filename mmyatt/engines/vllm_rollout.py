@@ -39,8 +39,19 @@ import time
 import torch
 from torch import Tensor
 
+from mmyatt.engines.install import OPEN, require
 from mmyatt.engines.vllm_steps import stepped_generate
-from mmyatt.rollout import Rollout
+from mmyatt.engines.vllm_vlm import (
+    attach_media,
+    check_prompt_ids,
+    cpu_torchvision_compat,
+    is_vlm,
+    mm_limits,
+    vlm_requests,
+)
+from mmyatt.engines.wrapper import WrappedPolicy
+from mmyatt.protocols import Policy, TokenPolicy, adapter_of
+from mmyatt.rollout import Rollout, prompt_id
 
 IS_KEYS = ("is_abs_diff_sum", "is_weight_sum", "is_clipped_sum")
 
@@ -80,14 +91,19 @@ def is_metrics(r: Rollout, dist) -> dict[str, float]:
     }
 
 
-def completion_texts(policy, tokens: list[list[int]], A: int) -> list[str]:
+def completion_texts(policy: TokenPolicy, tokens: list[list[int]], A: int) -> list[str]:
     """The completions' text, each cut at the token budget ``A``: a rollout's ``outputs``,
     and what partial's stream sends the judge before the rollout exists."""
     return policy.tokenizer.batch_decode([list(t)[:A] for t in tokens], skip_special_tokens=True)
 
 
 def engine_samples_to_rollout(
-    policy, prompts: list[dict], prompt_ids: list[list[int]], samples, group_size: int, A: int
+    policy: TokenPolicy,
+    prompts: list[dict],
+    prompt_ids: list[list[int]],
+    samples,
+    group_size: int,
+    A: int,
 ) -> Rollout:
     """A rollout in exactly the adapter's layout (see TextPolicy.generate) from engine
     samples: ``samples[i]`` is prompt ``i // G``'s ``i % G``-th sample, a tuple
@@ -113,9 +129,7 @@ def engine_samples_to_rollout(
         stopped[i] = bool(stop)
     outputs = completion_texts(policy, [tokens for tokens, _, _ in samples], A)
     return Rollout(
-        prompt_ids=[
-            str(r.get("id", r.get("_index", i))) for i, r in enumerate(prompts) for _ in range(G)
-        ],
+        prompt_ids=[prompt_id(r, i) for i, r in enumerate(prompts) for _ in range(G)],
         actions=actions,
         logprobs=logprobs,
         mask=mask,
@@ -129,38 +143,29 @@ def engine_samples_to_rollout(
     )
 
 
-class VLLMRolloutPolicy:
-    """The controller's policy with generation on vLLM (see the module docstring).
-    ``llm`` may be given (tests pass an object with vLLM's ``generate`` interface)."""
+class VLLMRolloutPolicy(WrappedPolicy):
+    """The controller's policy with generation on vLLM (see the module docstring); the
+    ``RolloutStats`` capability. Everything but generation is ``inner``'s (the training
+    engine's policy). ``llm`` may be given (tests pass an object with vLLM's
+    ``generate`` interface)."""
 
-    def __init__(self, inner, engine, rollout_cfg, dist, *, model_path=None, llm=None):
-        self._inner, self._engine, self.cfg, self.dist = inner, engine, rollout_cfg, dist
+    def __init__(self, inner: Policy, engine, rollout_cfg, dist, *, model_path=None, llm=None):
+        super().__init__(inner)
+        self._engine, self.cfg, self.dist = engine, rollout_cfg, dist
         self.model_path = model_path
         self._llm = llm
         self._synced = None if llm is None else self._version()
+        self._asleep = False
         self.timings: dict[str, float] = {}
 
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    @property
-    def inner(self):
-        return self._inner
-
     # ------------------------------------------------------------------ engine
-    def _adapter(self):
-        """The TextPolicy under any engine wrappers (for prompts, pad, temperature)."""
-        from mmyatt.engines import adapter_of
-
+    def _adapter(self) -> TokenPolicy:
+        """The text or VLM adapter under any engine wrappers (prompts, pad, bans)."""
         return adapter_of(self._inner)
 
     def llm(self):
         if self._llm is None:
-            from mmyatt.engines import require
-
             require("vllm", "rollout.backend=vllm")
-            from mmyatt.engines.vllm_vlm import cpu_torchvision_compat, is_vlm, mm_limits
-
             cpu_torchvision_compat()  # before vllm imports torchvision (CPU torch only)
             import vllm
 
@@ -178,8 +183,6 @@ class VLLMRolloutPolicy:
                 **extra,
             )
             self._synced = None
-            from mmyatt.engines import OPEN
-
             OPEN.append(self)
         return self._llm
 
@@ -215,8 +218,6 @@ class VLLMRolloutPolicy:
 
     # ------------------------------------------------------------------ protocol
     def generate(self, prompts, group_size, sampling, seeds) -> Rollout:
-        from mmyatt.engines.vllm_vlm import attach_media, check_prompt_ids, is_vlm, vlm_requests
-
         policy = self._adapter()
         vlm = is_vlm(policy)
         if not vlm and any(
@@ -227,7 +228,7 @@ class VLLMRolloutPolicy:
                 f"{type(policy).__name__} reads text only"
             )
         llm = self.llm()
-        if self._can_sleep() and getattr(self, "_asleep", False):
+        if self._can_sleep() and self._asleep:
             t0 = time.perf_counter()
             llm.wake_up()
             self._asleep = False
@@ -273,11 +274,7 @@ class VLLMRolloutPolicy:
             llm.sleep(level=self.cfg.sleep_level)
             self._asleep = True
             self.timings["rollout/sleep_s"] = time.perf_counter() - t0
-        from mmyatt.engines import EnginePolicy
-
-        if isinstance(self._inner, EnginePolicy) and len(r) >= 2:
-            kept = [i for i in range(len(r)) if r.mask[i].any()][:2]  # not a cut-short row
-            self._inner.filler = r.select(kept if len(kept) == 2 else [0, 1])
+        self._engine.keep_filler(r)  # a lockstep engine's idle passes run on two of these
         return r
 
     @staticmethod

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from mmyatt.protocols import MediaPrompts, capable
 from mmyatt.rollout import Rollout
 
 CPU_SITE = Path(__file__).with_name("cpu_site")
@@ -38,9 +39,7 @@ CPU_SITE = Path(__file__).with_name("cpu_site")
 
 def is_vlm(policy) -> bool:
     """Whether the adapter under the engine wrappers is a VLM (it has vision tokens)."""
-    from mmyatt.protocols import MediaPrompts
-
-    return isinstance(policy, MediaPrompts)
+    return capable(policy, MediaPrompts)
 
 
 def cpu_torchvision_compat() -> bool:
@@ -59,7 +58,9 @@ def cpu_torchvision_compat() -> bool:
     return True
 
 
-def vlm_requests(policy, prompts: list[dict]) -> tuple[list[dict], list[list[int]], list[dict]]:
+def vlm_requests(
+    policy: MediaPrompts, prompts: list[dict]
+) -> tuple[list[dict], list[list[int]], list[dict]]:
     """``(requests, prompt_ids, media)``: one vLLM request per record, its expanded prompt
     token ids (what the trainer scores) and its per-sample pixel tensors (the adapter's
     ``prepare``). Media are read here, by the controller that owns the record."""

@@ -42,6 +42,8 @@ from mmyatt.protocols import (
     LatentOutputs,
     ReferenceKL,
     Sampling,
+    TokenPolicy,
+    capable,
     prompt_seed,
     require,
 )
@@ -102,7 +104,7 @@ class Controller:
 
         # which cores each phase runs on (placement.*), which records each call generates
         self.placement = Placement(
-            cfg, dist, shard, streams_finished=getattr(self.policy, "streams_finished", False)
+            cfg, dist, shard, streams_finished=capable(self.policy, TokenPolicy)
         )
         if cfg.model.ema_decay is not None:
             require(policy, EMA, f"model.ema_decay={cfg.model.ema_decay}")
@@ -376,7 +378,7 @@ class Controller:
             return None
         self.optimizer.step()
         self.scheduler.step()
-        if isinstance(self.policy, EMA) and self.cfg.model.ema_decay is not None:
+        if capable(self.policy, EMA) and self.cfg.model.ema_decay is not None:
             self.policy.ema_update(self.cfg.model.ema_decay)
         tok = max(g["tokens"], 1.0)
         out = {"train/loss": g["num"] / g["den"], "train/grad_norm": float(grad_norm)}
@@ -428,7 +430,7 @@ class Controller:
         """State identical on every controller: weights, optimizer, schedule, step, counters."""
         from mmyatt.checkpoint.checkpointer import scheduler_state
 
-        ema = self.policy.ema_state() if isinstance(self.policy, EMA) else None
+        ema = self.policy.ema_state() if capable(self.policy, EMA) else None
         return {
             "model": self.engine.model_state(self.policy),
             "optimizer": self.engine.optimizer_state(self.policy, self.optimizer),
@@ -500,7 +502,7 @@ class Controller:
         quality = {"background_hf": 0.0, "background_n": 0.0, "object_hf": 0.0, "object_n": 0.0}
         shown = []
         bs = 64
-        ema = isinstance(self.policy, EMA) and self.cfg.model.ema_decay is not None
+        ema = capable(self.policy, EMA) and self.cfg.model.ema_decay is not None
         salt = "eval" if self.cfg.data.eval_split == "test" else "val"
         error = None
         with torch.no_grad(), self.policy.ema_weights() if ema else nullcontext():

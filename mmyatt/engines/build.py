@@ -1,0 +1,61 @@
+"""The engines of a run from its config: the training engine, the policy the controller
+uses (sharded / converted, generating through vLLM or the adapter), and the views a
+model-parallel group of processes needs to act as one controller.
+
+These builders read the run config; the engines they build take plain arguments.
+"""
+
+from __future__ import annotations
+
+from mmyatt.engines import megatron_group
+from mmyatt.engines.fsdp2 import FSDP2Engine
+from mmyatt.engines.install import require
+from mmyatt.engines.megatron import MegatronEngine
+from mmyatt.engines.replica import ReplicaEngine
+from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
+from mmyatt.protocols import Engine, Policy, Reward
+
+
+def controller_dist(cfg, dist):
+    """The controller's ``Dist``: ``dist``, or with ``train.backend=megatron`` and
+    ``train.tensor_parallel > 1`` a data-parallel view in which a tensor-parallel group
+    of processes is one controller (``megatron_group.GroupDist``)."""
+    t = cfg.train
+    if t.backend != "megatron" or t.tensor_parallel * t.pipeline_parallel == 1:
+        return dist
+    return megatron_group.controller_dist(cfg, dist)
+
+
+def group_reward(reward: Reward, dist) -> Reward:
+    """The controller's reward: ``reward``, or where a model-parallel group of processes
+    is one controller, the group's first rank scores and broadcasts
+    (``megatron_group.GroupReward``)."""
+    if not dist.model_parallel:
+        return reward
+    return megatron_group.group_reward(reward, dist)
+
+
+def build_engines(cfg, dist, policy: Policy) -> tuple[Engine, Policy]:
+    """``(engine, policy)``: the training engine for ``cfg.train.backend`` and the policy
+    the controller uses (sharded / converted, generating through ``cfg.rollout.backend``).
+    A frozen reference snapshot is taken here, before any sharding."""
+    engine = build_train_engine(cfg, dist)
+    if cfg.algorithm.kl_coef > 0 and engine.lockstep:
+        engine.enable_reference(policy)
+    wrapped = engine.wrap(policy)
+    if cfg.rollout.backend == "vllm":
+        wrapped = VLLMRolloutPolicy(wrapped, engine, cfg.rollout, dist, model_path=cfg.model.path)
+    return engine, wrapped
+
+
+def build_train_engine(cfg, dist) -> Engine:
+    """The training engine ``cfg.train.backend`` names, for this controller."""
+    backend = cfg.train.backend
+    if backend == "replica":
+        return ReplicaEngine(dist)
+    if backend == "fsdp2":
+        return FSDP2Engine(dist, cfg.train)
+    if backend == "megatron":
+        require("megatron", "train.backend=megatron")
+        return MegatronEngine(dist, cfg.train)
+    raise ValueError(f"train.backend={backend!r}: expected replica, fsdp2 or megatron")
