@@ -16,7 +16,6 @@ from mmyatt.config.checks import register_check
 from mmyatt.config.errors import ConfigError
 from mmyatt.config.schema import PlacementConfig, RunConfig, to_dict
 
-MODES = ("shared", "colocate", "partial", "auto")
 # placement/mode_id in the metrics: the mode a step ran in, as a number
 MODE_IDS = {"shared": 0, "colocate": 1, "partial": 2}
 
@@ -68,8 +67,6 @@ def partial_split(p: PlacementConfig, n: int) -> tuple[int, int]:
             f"needs at least 2 cores, the run has {n}"
         )
     r, j = p.rollout_cores, p.judge_cores
-    if r < 0 or j < 0:
-        raise ConfigError(f"placement.rollout_cores={r} and judge_cores={j} must be >= 0")
     if r == 0 and j == 0:
         r = (n + 1) // 2
     if r == 0:
