@@ -171,3 +171,10 @@ def test_model_folder_checked_against_model_kind(tmp_path):
     with pytest.raises(ConfigError, match=r"model.path=builtin:tiny_t2i holds a diffusers"):
         load_config(None, ["model.path=builtin:tiny_t2i"])
     assert load_config(None, [f"model.path={text}"]).model.path == str(text)
+    (vlm / "config.json").write_text(
+        json.dumps({"architectures": ["LlavaForConditionalGeneration"]})
+    )
+    with pytest.raises(
+        ConfigError, match=r"holds a vision-language model \(config.json architectures LlavaFor"
+    ):
+        load_config(None, [f"model.path={vlm}"])

@@ -2,7 +2,7 @@
 
 Read from the files alone, before any weights load: a diffusers pipeline has
 model_index.json; a Hugging Face model has config.json, and a vision-language one names a
-``vision_config`` there. Anything finer (a supported architecture) is the adapter's to say
+``vision_config`` there (or an architecture such as ``Qwen2VLForConditionalGeneration``). Anything finer (a supported architecture) is the adapter's to say
 when it loads.
 """
 
@@ -25,10 +25,13 @@ def folder_kind(path: Path) -> tuple[str | None, str]:
         meta = json.loads(config.read_text())
     except (OSError, ValueError) as e:
         return None, f"an unreadable config.json ({' '.join(str(e).split())})"
-    name = meta.get("model_type") or ",".join(meta.get("architectures") or []) or "unnamed"
-    if "vision_config" in meta:
-        return "vlm", f"a vision-language model (config.json model_type {name})"
-    return "text", f"a text model (config.json model_type {name})"
+    archs = ", ".join(meta.get("architectures") or [])
+    said = (
+        f"model_type {meta['model_type']}" if meta.get("model_type") else f"architectures {archs}"
+    )
+    if "vision_config" in meta or any(w in archs for w in VISION_WORDS):
+        return "vlm", f"a vision-language model (config.json {said})"
+    return "text", f"a text model (config.json {said})"
 
 
 def check_model_folder(key: str, path: str | Path, kind: str, value: str | None = None) -> None:
@@ -41,6 +44,8 @@ def check_model_folder(key: str, path: str | Path, kind: str, value: str | None 
         raise ConfigError(f"{key}={value} holds {holds}, but model.kind={kind} needs {NEEDS[kind]}")
 
 
+# architecture names of vision-language models whose config.json has no vision_config
+VISION_WORDS = ("VL", "Vision", "Llava", "ImageTextToText")
 NEEDS = {
     "text": "a text model (config.json without vision_config)",
     "vlm": "a vision-language model (config.json with vision_config)",
