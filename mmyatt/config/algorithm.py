@@ -62,7 +62,9 @@ class AlgorithmConfig(Section):
     within k x k pixel (latent) tiles, i.e. texture; 0 penalises the whole step"""
     entropy_coef: Float = Field(0.0, ge=0)
     ppo_epochs: Int = Field(1, ge=1)
+    """passes over each step's rollouts"""
     minibatches: Int = Field(1, ge=1)
+    """optimizer steps per pass (each on whole prompt groups)"""
     micro_batch_tokens: Int = Field(0, ge=0)
     """> 0: micro-batches of at most this many padded tokens, as many on every rank
     (batches.py)"""
@@ -81,9 +83,13 @@ Beta = Annotated[Float, Field(ge=0, lt=1)]
 
 class OptimConfig(Section):
     lr: Float = Field(1e-4, gt=0)
+    """AdamW learning rate"""
     weight_decay: Float = Field(0.0, ge=0)
     betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW betas"""
     grad_clip: Float = Field(1.0, gt=0)
     """global gradient-norm clip"""
     warmup_steps: Int = Field(0, ge=0)
+    """steps of linear warm-up of the learning rate"""
     schedule: Literal["constant", "cosine"] = "constant"
+    """after warm-up: the learning rate as it is, or a cosine to 0 at the run's last step"""

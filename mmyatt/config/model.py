@@ -19,6 +19,8 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     kind: Literal["text", "vlm", "flow"] = "text"
+    """the policy: a text LLM, a vision-language model, or a flow-matching image/video
+    generator; a model.path folder must hold that kind"""
     path: Str | None = None
     """local HF / diffusers directory, or builtin:<name>; None builds the tiny built-in"""
     tiny_size: Str = "qwen2-1m"

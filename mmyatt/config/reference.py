@@ -48,8 +48,12 @@ def type_text(annotation: Any, metadata: list = ()) -> str:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
             text = f"list[{type_text(args[0])}]"
-        else:
-            text = "[" + ", ".join(type_text(a) for a in args) + "]"
+        else:  # a fixed number of items, e.g. optim.betas
+            items = [unwrap(a) for a in args]
+            text = "[" + ", ".join(type_text(tp) for tp, _ in items) + "]"
+            ranges = {range_text(meta) for _, meta in items}
+            if len(ranges) == 1 and "" not in ranges:
+                text += f", each {ranges.pop()}"
     elif origin is dict:
         text = "mapping"
     elif is_section(tp):

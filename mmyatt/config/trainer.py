@@ -37,12 +37,15 @@ class SFTConfig(Section):
 
 class TrainerConfig(Section):
     steps: Int = Field(100, ge=1)
+    """RL steps (one batch of data.prompts_per_step prompts each)"""
     max_minutes: Float | None = Field(None, gt=0)
     """stop training (then evaluate) after this wall time"""
     eval_every: Int = Field(0, ge=0)
     """0: only at the start and the end"""
     log_every: Int = Field(1, ge=1)
     seed: Int = Field(0, ge=0)
+    """the base of every seed: torch's, each record's generation seed, the synthetic data
+    and the tiny built-in model"""
     threads: Int = Field(1, ge=1)
     """torch threads per controller"""
     save_rollouts_every: Int = Field(10, ge=0)
