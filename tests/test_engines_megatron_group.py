@@ -18,7 +18,7 @@ def _group_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as tdist
 
     from mmyatt.engines.megatron_group import GroupReward
-    from mmyatt.rewards.judge_client import JudgeError, JudgeUnavailableError
+    from mmyatt.serving.client import JudgeError, JudgeUnavailableError
     from mmyatt.rewards.mixture import RewardMixture
 
     os.environ["OMP_NUM_THREADS"] = "1"

@@ -15,7 +15,7 @@ from test_cli import ROOT, TINY
 from test_genrm import FakeJudge
 from test_resume import CFG, assert_same_run
 
-from mmyatt.rewards.judge_server import JudgeServer
+from mmyatt.serving.server import JudgeServer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

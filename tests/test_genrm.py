@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from mmyatt.models import judge as judge_module
+from mmyatt.models.judge import JudgeModel, TextJudge, load_judge
 from mmyatt.rewards.genrm import GenRMReward, load_template, parse_score, yes_probability
-from mmyatt.rewards.judge_client import JudgeClient
-from mmyatt.rewards.judge_server import JudgeModel, JudgeServer, TextJudge, load_judge
+from mmyatt.serving.client import JudgeClient, JudgeRequestError
+from mmyatt.serving.server import JudgeServer
 
 # Fake judge vocabulary and logits: "red" prompts lean Yes, others lean No.
 VOCAB = ["Yes", " Yes", "yes", "No", " No", "no", "maybe", "Score", "\n"]
@@ -92,7 +93,7 @@ class FakeJudge:
 @pytest.fixture
 def fake_server():
     judge = FakeJudge()
-    server = JudgeServer(judge).start()
+    server = JudgeServer(judge, model_name=judge.name).start()
     yield server, judge
     server.stop()
 
@@ -249,8 +250,6 @@ def test_text_judge_rejects_images_with_a_clear_error(tiny_judge_dir):
     server = JudgeServer(tiny_judge_dir).start()
     try:
         with JudgeClient([server.url], max_retries=0) as c:
-            from mmyatt.rewards.judge_client import JudgeRequestError
-
             image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
             body = {"messages": [{"role": "user", "content": [image]}], "max_tokens": 1}
             with pytest.raises(JudgeRequestError, match="text-only") as info:

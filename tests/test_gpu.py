@@ -234,7 +234,7 @@ def test_judge_sleep_gives_the_device_memory_back(tmp_path):
     CPU dry run checks that the device figures stay 0."""
     from mmyatt.placement import resources as res
     from mmyatt.placement.bench_memory import big_model
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20

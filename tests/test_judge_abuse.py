@@ -3,10 +3,12 @@ error types, served model names, and the batcher's lone-request path."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -14,8 +16,9 @@ from PIL import Image
 from test_genrm import FakeJudge
 from test_judge_server import YES_NO, http
 
-from mmyatt.rewards.judge_client import JudgeClient, JudgeRequestError
-from mmyatt.rewards.judge_server import JudgeServer
+from mmyatt.serving.batcher import Batcher, BatcherStopped, Work
+from mmyatt.serving.client import JudgeClient, JudgeRequestError
+from mmyatt.serving.server import JudgeServer
 
 LIMIT = 256 * 1024
 
@@ -187,7 +190,6 @@ def test_a_lone_request_does_not_wait_for_company():
 def test_a_lone_one_forward_request_is_served_in_the_event_loop():
     """Alone, a next-token request skips the worker thread (two thread hops); text
     generation, and any request while others are held, go through the worker."""
-    import threading
 
     class WhereJudge(FakeJudge):
         def __init__(self):
@@ -204,79 +206,48 @@ def test_a_lone_one_forward_request_is_served_in_the_event_loop():
         with JudgeClient([s.url]) as c:
             c.chat(YES_NO)
             c.chat({**YES_NO, "max_tokens": 4, "logprobs": False, "top_logprobs": None})
-        assert [name for name, _ in judge.threads] == ["judge-http", "judge-batcher"]
-        s.batcher.inline = False
-        with JudgeClient([s.url]) as c:
-            c.chat(YES_NO)
-        assert judge.threads[-1][0] == "judge-batcher"
-        s.batcher.inline = True
+        names = [name for name, _ in judge.threads]
+        assert names[0] == "judge-http" and names[1].startswith("judge-model")
         judge.threads.clear()
         with JudgeClient([s.url], max_in_flight=16) as c:
             c.chat_many([YES_NO] * 16)
         assert max(n for _, n in judge.threads) > 1  # concurrent requests are still batched
-        assert s.stats["requests"] == 19 and s.stats["errors"] == 0
+        assert s.stats["requests"] == 18 and s.stats["errors"] == 0
     finally:
         s.stop()
 
 
-def test_the_idle_worker_sleeps_on_the_queue_and_stop_fails_what_is_queued(monkeypatch):
-    """No timed polling while idle (each poll is a wake-up of the server's core); stop()
-    still wakes the worker at once and answers what was queued with BatcherStopped."""
-    import queue as queue_module
-    import threading
-
-    from mmyatt.rewards import judge_batcher
-    from mmyatt.rewards.judge_batcher import Batcher, BatcherStopped, Work
-
-    gets: list[float | None] = []
-
-    class CountingQueue(queue_module.Queue):
-        def get(self, block=True, timeout=None):
-            gets.append(timeout)
-            return super().get(block, timeout)
-
-    monkeypatch.setattr(judge_batcher.queue, "Queue", CountingQueue)
+def test_stop_fails_what_is_queued_and_the_call_in_progress_finishes():
+    """stop() while a batch is in the model: that batch is answered, what queued behind
+    it fails with BatcherStopped (the server's 503), and nothing new is taken. Nothing
+    runs while the batcher is idle (no task, no polling)."""
     release = threading.Event()
 
     class Blocking(FakeJudge):
-        def next_token_logprobs(self, batch, k):
+        def generate_text(self, batch, **kwargs):
             release.wait(10)
-            return super().next_token_logprobs(batch, k)
+            return super().generate_text(batch, **kwargs)
 
-    b = Batcher(Blocking(), max_batch=1, batch_wait_ms=0)
-    time.sleep(0.3)
-    assert gets == [None]  # one blocking get, no wake-up in 0.3 s (a 50 ms poll made 6)
-    message = [{"role": "user", "content": "x"}]
-    busy = b.submit(Work(message, 1, 0.0, True, 2, 1, None))
-    time.sleep(0.1)  # the worker is inside the model call
-    queued = b.submit(Work(message, 1, 0.0, True, 2, 1, None))
-    stopper = threading.Thread(target=b.stop)
-    stopper.start()
-    release.set()
-    stopper.join(5)
-    assert not stopper.is_alive() and not b.thread.is_alive()
-    assert busy.result(1).top is not None
-    with pytest.raises(BatcherStopped):
-        queued.result(1)
-    with pytest.raises(BatcherStopped):
-        b.submit(Work(message, 1, 0.0, True, 2, 1, None))
+    batcher = Batcher(Blocking(), max_batch=1, batch_wait_ms=0)
 
-
-def test_within_bounds_an_await_in_the_calling_task():
-    import asyncio
-
-    from mmyatt.rewards.judge_http import within
+    def work() -> Work:  # text generation: always on the model thread
+        return Work([{"role": "user", "content": "a good one"}], 4, 1.0, False, 0, 1, 3)
 
     async def main():
-        outer = asyncio.current_task()
-
-        async def inner():
-            return asyncio.current_task() is outer
-
-        assert await within(inner(), 1.0) is True
-        t0 = time.perf_counter()
-        with pytest.raises(asyncio.TimeoutError):
-            await within(asyncio.sleep(10), 0.05)
-        assert time.perf_counter() - t0 < 2
+        release.set()
+        assert (await batcher.submit(work())).generations
+        await asyncio.sleep(0)
+        assert not batcher._draining  # idle: no task left behind
+        release.clear()
+        busy = batcher.submit(work())
+        await asyncio.sleep(0.1)  # the model thread is inside generate_text
+        queued = batcher.submit(work())
+        batcher.stop()
+        release.set()
+        assert (await busy).generations[0][0] == "Looks fine. Score: 8"
+        with pytest.raises(BatcherStopped):
+            await queued
+        with pytest.raises(BatcherStopped):
+            batcher.submit(work())
 
     asyncio.run(main())

@@ -4,6 +4,7 @@ key, dynamic batching, retries against a killed server, balancing, OpenAI client
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -13,9 +14,9 @@ from pathlib import Path
 import pytest
 from test_genrm import LOGITS, FakeJudge
 
-from mmyatt.rewards.judge_client import JudgeClient, JudgeRequestError, JudgeUnavailableError
-from mmyatt.rewards.judge_pool import JudgePool, JudgePoolError, check_health
-from mmyatt.rewards.judge_server import JudgeServer
+from mmyatt.serving.client import JudgeClient, JudgeRequestError, JudgeUnavailableError
+from mmyatt.serving.pool import JudgePool, JudgePoolError, check_health
+from mmyatt.serving.server import JudgeServer
 
 YES_NO = {
     "messages": [{"role": "user", "content": "Is it red? Answer Yes or No."}],
@@ -42,7 +43,7 @@ def http(url: str, body=None, *, key: str | None = None, raw: bytes | None = Non
 
 @pytest.fixture
 def server():
-    s = JudgeServer(FakeJudge()).start()
+    s = JudgeServer(FakeJudge(), model_name="fake-judge").start()
     yield s
     s.stop()
 
@@ -82,8 +83,9 @@ def test_bad_requests_get_clear_errors(server, raw, status, needle):
     assert got == status and needle in body["error"]["message"]
 
 
-def test_api_key_required_and_never_logged(capfd):
+def test_api_key_required_and_never_logged(capfd, caplog):
     key = "sk-test-secret-42"
+    caplog.set_level(logging.INFO, logger="uvicorn.access")
     s = JudgeServer(FakeJudge(), api_key=key, log_requests=True).start()
     try:
         url = f"{s.url}/v1/chat/completions"
@@ -102,12 +104,13 @@ def test_api_key_required_and_never_logged(capfd):
     finally:
         s.stop()
     out, err = capfd.readouterr()
-    assert "POST /v1/chat/completions" in err and key not in out + err
+    assert "POST /v1/chat/completions" in caplog.text  # uvicorn's access log
+    assert key not in out + err + caplog.text
 
 
 def test_openai_python_client_talks_to_the_server():
     openai = pytest.importorskip("openai")
-    s = JudgeServer(FakeJudge(), api_key="k1").start()
+    s = JudgeServer(FakeJudge(), api_key="k1", model_name="fake-judge").start()
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="k1", max_retries=0)
         response = client.chat.completions.create(
@@ -157,27 +160,6 @@ def test_dynamic_batching_batches_concurrent_requests():
     finally:
         batched.stop()
         single.stop()
-
-
-def test_keep_warm_polls_after_an_answer_then_sleeps():
-    warm = JudgeServer(FakeJudge(), keep_warm_ms=150).start()
-    cold = JudgeServer(FakeJudge(), keep_warm_ms=0).start()
-    try:
-        for s in (warm, cold):
-            status, body = http(f"{s.url}/v1/chat/completions", YES_NO)
-            assert status == 200 and body["choices"][0]["message"]["content"] == "Yes"
-        time.sleep(0.05)  # inside the 150 ms window: the loop is polling
-        assert warm.stats["keep_warm_polls"] > 0 and warm.stats["keep_warm_ms"] == 150
-        time.sleep(0.3)  # the window has closed: no more polls
-        settled = warm.stats["keep_warm_polls"]
-        time.sleep(0.2)
-        assert warm.stats["keep_warm_polls"] == settled
-        assert cold.stats["keep_warm_polls"] == 0
-    finally:
-        warm.stop()
-        cold.stop()
-    with pytest.raises(ValueError, match="keep_warm_ms"):
-        JudgeServer(FakeJudge(), keep_warm_ms=-1)
 
 
 def test_client_retries_a_killed_server_until_it_is_back():
@@ -236,10 +218,11 @@ def test_least_in_flight_balancing_and_failover():
         b.stop()
 
 
-def test_non_loopback_bind_warns(capfd):
+def test_non_loopback_bind_warns(caplog):
     s = JudgeServer(FakeJudge(), host="0.0.0.0")
     s.stop()
-    assert "WARNING" in capfd.readouterr().err
+    (record,) = [r for r in caplog.records if "not loopback" in r.getMessage()]
+    assert record.levelname == "WARNING" and "no API key" in record.getMessage()
 
 
 @pytest.fixture(scope="module")

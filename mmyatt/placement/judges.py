@@ -1,7 +1,7 @@
 """Rank 0's handle on the judge servers started with a run: pin them to cores, set their
 torch threads, drop and reload their weights, read their counters (CPU seconds, model
 time, reload time, peak RSS). Speaks the server's ``/sleep``, ``/wake_up``,
-``/mmyatt/placement`` and ``/stats`` routes (rewards/judge_server.py)."""
+``/mmyatt/placement`` and ``/stats`` routes (mmyatt/serving/server.py)."""
 
 from __future__ import annotations
 

@@ -3,42 +3,45 @@
 >>> with JudgePool("runs/judge", n=2) as pool:          # doctest: +SKIP
 ...     reward = GenRMReward(JudgeClient(pool.urls))
 
-Each child is ``python -m mmyatt.rewards.judge_server MODEL_DIR --host 127.0.0.1
---port 0`` (or ``base_port + i``). The child writes the port it bound to a file, the
-pool then waits for ``GET /health``; a child that exits or does not become healthy
-within ``startup_timeout_s`` raises an error quoting the end of its log. On GPU
-machines ``devices`` assigns ``CUDA_VISIBLE_DEVICES`` per server (round robin, a
-device may be ``"0,1"``). The API key reaches children through the
-``MMYATT_GENRM_API_KEY`` environment variable, never the command line (which ``ps``
-shows). Children exit on their own when the process that started them dies.
+Each child is ``python -m mmyatt.serving.server MODEL_DIR --host 127.0.0.1 --port 0``
+(``backend="vllm"``: ``vllm serve``, see :mod:`mmyatt.engines.vllm_judge`). The child
+writes the port it bound to a file; the pool then waits for ``GET /health``. A child that
+exits or does not become healthy within ``startup_timeout_s`` raises an error quoting
+the end of its log. ``devices`` assigns ``CUDA_VISIBLE_DEVICES`` per server (round
+robin; a device may be ``"0,1"``). The API key reaches children in the environment
+(``MMYATT_GENRM_API_KEY``), never on the command line, which ``ps`` shows. Children exit
+on their own when the process that started them dies.
 
-Restart on death: a watcher thread polls the children every ``watch_interval_s``; a
-child that exits while the pool is running (killed, crashed) is started again on the
-same port, so the URLs the controllers hold stay valid and their clients' retries find
-it back. Each server is restarted at most ``max_restarts`` times; after that it stays
-down and the clients' retry budget decides (they fail with an error naming the URL).
-``restarts`` counts the restarts per server; ``events`` lists them as text.
+A watcher thread polls the children every ``watch_interval_s``; a child that exits while
+the pool runs (killed, crashed) is started again on the same port, so that the URLs the
+controllers hold stay valid and their clients' retries find it back, at most
+``max_restarts`` times per server; after that it stays down and the clients' retry
+budget decides. ``restarts`` counts the restarts per server; ``events`` lists them.
 
 ``JudgePool.external(urls)`` wraps servers started elsewhere (``vllm serve``,
-``mmyatt serve-genrm``): it only checks their health, and ``stop()`` leaves them be
-(and never restarts them).
+``mmyatt serve-genrm``): it only checks their health; ``stop()`` leaves them be.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from mmyatt.rewards.judge_server import API_KEY_ENV
+import httpx2
+
+from mmyatt.distributed import free_port
+from mmyatt.engines.vllm_judge import vllm_judge_child
+from mmyatt.serving import API_KEY_ENV
+from mmyatt.serving.client import server_root
+
+logger = logging.getLogger(__name__)
 
 
 class JudgePoolError(RuntimeError):
@@ -47,13 +50,9 @@ class JudgePoolError(RuntimeError):
 
 def check_health(url: str, timeout_s: float = 2.0) -> bool:
     """True when ``GET url/health`` answers 200 (vLLM's /health answers with no body)."""
-    base = url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[:-3]
     try:
-        with urllib.request.urlopen(f"{base}/health", timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+        return httpx2.get(server_root(url) + "/health", timeout=timeout_s).status_code == 200
+    except (httpx2.HTTPError, ValueError):
         return False
 
 
@@ -78,32 +77,30 @@ class JudgePool:
         startup_timeout_s: float = 120.0,
         max_batch: int = 32,
         batch_wait_ms: float = 5.0,
-        keep_warm_ms: float = 0.0,  # the servers share cores with training: never spin
         threads: int | None = None,
         log_dir: str | Path | None = None,
-        extra_args: Sequence[str] = (),
         settle: bool = False,
         max_restarts: int = 3,
         backend: str = "mmyatt",
         vllm_args: Sequence[str] = (),
         watch_interval_s: float = 0.5,
     ):
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.urls: list[str] = []
         self.processes: list[subprocess.Popen] = []
         self.log_paths: list[Path] = []
-        self.external_urls = model_dir is None
-        self._api_key = api_key
         self.max_restarts = int(max_restarts)
-        self.restarts: list[int] = []
+        self.restarts = [0] * n
         self.events: list[str] = []
+        self._api_key = api_key
         self._given_up: set[int] = set()
         self._commands: list[list[str]] = []
         self._envs: list[dict] = []
         self._stopping = threading.Event()
         self._spawn_lock = threading.Lock()  # a restart and stop() never interleave
         self._watcher: threading.Thread | None = None
-        if max_restarts < 0:
-            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self._tmp: tempfile.TemporaryDirectory | None = None
         if model_dir is None:
             return  # JudgePool.external
         if n < 1:
@@ -114,58 +111,36 @@ class JudgePool:
         work = Path(self._tmp.name)
         logs = Path(log_dir) if log_dir is not None else work
         logs.mkdir(parents=True, exist_ok=True)
-        port_files = []
+        port_files = [work / f"port{i}" for i in range(n)]
+        options = [f"--max-batch={max_batch}", f"--batch-wait-ms={batch_wait_ms}"]
+        options += [f"--threads={threads}"] if threads else []
+        # placement releases this judge between phases: its full collection at start
+        options += ["--settle"] if settle else []
         try:
-            for i in range(n):
-                port_file = work / f"port{i}"
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "mmyatt.rewards.judge_server",
-                    str(model_dir),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(base_port + i if base_port is not None else 0),
-                    "--max-batch",
-                    str(max_batch),
-                    "--batch-wait-ms",
-                    str(batch_wait_ms),
-                    "--keep-warm-ms",
-                    str(keep_warm_ms),
-                    "--port-file",
-                    str(port_file),
-                    "--parent-pid",
-                    str(os.getpid()),
-                    *([f"--threads={threads}"] if threads else []),
-                    # placement releases this judge between phases: pay its full garbage
-                    # collection at start, not in the first release
-                    *(["--settle"] if settle else []),
-                    *extra_args,
-                ]
-                env = dict(os.environ)
-                env.pop(API_KEY_ENV, None)
-                if api_key:
-                    env[API_KEY_ENV] = api_key
+            for i, port_file in enumerate(port_files):
+                port = base_port + i if base_port is not None else 0
+                env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
                 if devices:
                     env["CUDA_VISIBLE_DEVICES"] = str(devices[i % len(devices)])
-                if backend == "vllm":  # `vllm serve` children (mmyatt/engines/vllm_judge.py)
-                    from mmyatt.engines.vllm_judge import vllm_judge_child
-
-                    extra = [*vllm_args, *extra_args]
+                if backend == "vllm":
+                    port = port or free_port()  # vllm serve cannot report the port it bound
                     cmd, env = vllm_judge_child(
-                        model_dir, i, base_port, port_file, env, api_key, max_batch, extra
+                        model_dir, port, port_file, env, api_key, max_batch, vllm_args
                     )
+                else:
+                    cmd = [sys.executable, "-m", "mmyatt.serving.server", str(model_dir)]
+                    cmd += ["--host", "127.0.0.1", "--port", str(port), *options]
+                    cmd += [f"--port-file={port_file}", f"--parent-pid={os.getpid()}"]
+                    if api_key:
+                        env[API_KEY_ENV] = api_key
                 self._commands.append(cmd)
                 self._envs.append(env)
                 self.log_paths.append(logs / f"judge{i}.log")
                 self.processes.append(self._spawn(i, append=False))
-                port_files.append(port_file)
             self._wait_ready(port_files, startup_timeout_s)
         except BaseException:
             self.stop()
             raise
-        self.restarts = [0] * n
         self._watch_interval_s = float(watch_interval_s)
         self._watcher = threading.Thread(target=self._watch, name="judge-pool-watch", daemon=True)
         self._watcher.start()
@@ -187,14 +162,12 @@ class JudgePool:
                 if self._stopping.is_set():
                     return
                 for i, proc in enumerate(self.processes):
-                    self._check(i, proc)
+                    if proc.poll() is not None:
+                        self._restart(i, proc.returncode)
 
-    def _check(self, i: int, proc: subprocess.Popen) -> None:
-        code = proc.poll()
-        if code is None:
-            return
+    def _restart(self, i: int, code: int) -> None:
         if self.restarts[i] >= self.max_restarts:
-            if i not in self._given_up:  # say it once
+            if i not in self._given_up:  # said once
                 self._given_up.add(i)
                 self._event(
                     f"judge server {i} ({self.urls[i]}) exited with code {code}; restart "
@@ -213,7 +186,7 @@ class JudgePool:
 
     def _event(self, text: str) -> None:
         self.events.append(text)
-        print(f"[judge] {text}", file=sys.stderr, flush=True)
+        logger.warning("[judge] %s", text)
 
     def wait_healthy(self, timeout_s: float = 60.0) -> bool:
         """Block until every server answers ``/health`` (e.g. after a restart)."""
@@ -227,7 +200,7 @@ class JudgePool:
     def _wait_ready(self, port_files: list[Path], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         urls: list[str | None] = [None] * len(self.processes)
-        while True:
+        while not all(u is not None and check_health(u, 1.0) for u in urls):
             for i, proc in enumerate(self.processes):
                 if proc.poll() is not None:
                     raise JudgePoolError(
@@ -236,11 +209,6 @@ class JudgePool:
                     )
                 if urls[i] is None and port_files[i].is_file():
                     urls[i] = f"http://127.0.0.1:{int(port_files[i].read_text())}"
-            if all(u is not None and check_health(u, 1.0) for u in urls):
-                self.urls = [u for u in urls if u is not None]
-                for cmd, url in zip(self._commands, self.urls):  # a restart keeps the port
-                    cmd[cmd.index("--port") + 1] = url.rsplit(":", 1)[1]
-                return
             if time.monotonic() > deadline:
                 waiting = [i for i, u in enumerate(urls) if u is None or not check_health(u)]
                 raise JudgePoolError(
@@ -248,6 +216,9 @@ class JudgePool:
                     f"{self.log_paths[waiting[0]]}:\n{_tail(self.log_paths[waiting[0]])}"
                 )
             time.sleep(0.1)
+        self.urls = list(urls)
+        for cmd, url in zip(self._commands, self.urls):  # a restart keeps the port
+            cmd[cmd.index("--port") + 1] = url.rsplit(":", 1)[1]
 
     @classmethod
     def external(cls, urls: Sequence[str], *, timeout_s: float = 10.0) -> JudgePool:
@@ -257,25 +228,22 @@ class JudgePool:
         pool = cls(None)
         deadline = time.monotonic() + timeout_s
         pending = list(urls)
-        while pending:
-            pending = [u for u in pending if not check_health(u, 2.0)]
-            if pending and time.monotonic() > deadline:
+        while pending := [u for u in pending if not check_health(u, 2.0)]:
+            if time.monotonic() > deadline:
                 raise JudgePoolError(f"judge servers not healthy after {timeout_s:g} s: {pending}")
-            if pending:
-                time.sleep(0.2)
+            time.sleep(0.2)
         pool.urls = [u.rstrip("/") for u in urls]
         return pool
 
     def stats(self) -> list[dict]:
-        """``/stats`` of each embedded server (empty dicts for servers without it)."""
+        """``/stats`` of each embedded server (an empty dict for a server without it)."""
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         out = []
         for url in self.urls:
             try:
-                headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-                request = urllib.request.Request(f"{url}/stats", headers=headers)
-                with urllib.request.urlopen(request, timeout=2.0) as r:
-                    out.append(json.loads(r.read()))
-            except (urllib.error.URLError, OSError, ValueError):
+                response = httpx2.get(f"{url}/stats", headers=headers, timeout=2.0)
+                out.append(response.json() if response.status_code == 200 else {})
+            except (httpx2.HTTPError, ValueError):
                 out.append({})
         return out
 
@@ -283,10 +251,12 @@ class JudgePool:
         """Terminate the children (SIGTERM), then kill any still running."""
         self._stopping.set()
         with self._spawn_lock:  # no restart after this point
-            pass
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=5)
-        self._watcher = None
+            if self._watcher is not None and self._watcher is not threading.current_thread():
+                self._watcher, watcher = None, self._watcher
+            else:
+                watcher = None
+        if watcher is not None:
+            watcher.join(timeout=5)
         for proc in self.processes:
             if proc.poll() is None:
                 proc.terminate()
@@ -298,7 +268,7 @@ class JudgePool:
                 proc.kill()
                 proc.wait()
         self.processes = []
-        if getattr(self, "_tmp", None) is not None:
+        if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
@@ -307,10 +277,3 @@ class JudgePool:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    def __del__(self) -> None:
-        try:
-            if self.processes:
-                self.stop(timeout_s=2.0)
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass

@@ -1,0 +1,608 @@
+"""The embedded GenRM judge server: an OpenAI-compatible chat-completions subset on
+FastAPI and uvicorn.
+
+``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
+[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]`` (or
+``python -m mmyatt.serving.server ...``) serves a local judge model so that controllers
+call it over HTTP exactly as they would call ``vllm serve``:
+
+=================================  ==========================================================
+``GET /health``                    ``{"status": "ok", "model": NAME}`` (no key needed, as in
+                                   vLLM, so that liveness probes work)
+``GET /v1/models``                 the one served model, OpenAI list format
+``POST /v1/chat/completions``      ``model``, ``messages`` (text parts and ``image_url`` parts
+                                   holding ``data:`` URLs), ``max_tokens``, ``temperature``,
+                                   ``logprobs``, ``top_logprobs``, ``n``, ``seed``
+``GET /stats``                     batching, timing and memory counters
+``POST /sleep``, ``/wake_up``      drop / reload the weights between judge phases (placement)
+``POST /mmyatt/placement``         pin the server to cores, set its torch threads
+=================================  ==========================================================
+
+The request and answer of every route are pydantic models (:mod:`mmyatt.serving.api`);
+requests are batched by :mod:`mmyatt.serving.batcher`; the models are those of
+:mod:`mmyatt.models.judge`. With ``max_tokens=1, logprobs=true, top_logprobs=k`` an
+answer carries the top-k next-token distribution after the assistant generation prompt,
+which is what a ``yes_prob`` GenRM needs (one forward). Longer ``max_tokens`` generate
+text (the ``score`` mode); per-token logprobs of generated text are refused (400)
+rather than answered with made-up token strings. Every answer reports the model call
+that served it in an extra ``mmyatt`` field, which OpenAI clients ignore.
+
+Security: the server binds to loopback unless told otherwise (a warning is logged for
+any other address). With an API key, every route but ``/health`` needs
+``Authorization: Bearer <key>`` or gets an OpenAI-style 401. Bodies over
+``max_body_bytes`` get a 413. Requests are logged (``--log-requests``) by uvicorn's
+access log: request line and status, never headers (the key). Images are only accepted
+inline as ``data:`` URLs; nothing is fetched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hmac
+import io
+import ipaddress
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from PIL import Image, UnidentifiedImageError
+from starlette.exceptions import HTTPException
+
+from mmyatt.models.judge import JudgeModel, TextJudge, load_judge
+from mmyatt.placement import resources
+from mmyatt.serving import API_KEY_ENV
+from mmyatt.serving.api import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatRequest,
+    Choice,
+    ChoiceLogprobs,
+    ErrorBody,
+    Health,
+    ImagePart,
+    ModelCard,
+    ModelList,
+    Placement,
+    PlacementRequest,
+    Slept,
+    Stats,
+    Timing,
+    TokenLogprob,
+    TopLogprob,
+    Woken,
+)
+from mmyatt.serving.batcher import Batcher, BatcherStopped, Result, Work
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+DRAIN_FACTOR = 4  # how much of a too-large body is read and dropped before the 413
+OPEN_PATHS = ("/health",)  # liveness probes need no key, as in vLLM
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class APIError(Exception):
+    """Answered with ``status`` and an OpenAI error body."""
+
+    def __init__(self, message: str, status: int = 400, code: str | None = None, param=None):
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        body = {"message": str(self), "type": kind, "param": self.param, "code": self.code}
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse({"error": body}, status_code=self.status, headers=headers)
+
+
+def validation_error(errors: Sequence[dict]) -> APIError:
+    """pydantic's (or FastAPI's) validation errors as one OpenAI-style 400."""
+    # the most specific error: a union (string or list of parts) reports every branch
+    first = max(errors, key=lambda e: len(e.get("loc", ()))) if errors else {}
+    if first.get("type") == "json_invalid":
+        why = first.get("ctx", {}).get("error") or first.get("msg")
+        return APIError(f"the request body is not valid JSON: {why}")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    loc = [x for x in loc if x != "str" and "[" not in x]  # union branch tags
+    text = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return APIError(f"{'.'.join(loc) or 'body'}: {text}", param=loc[0] if loc else None)
+
+
+class Guard:
+    """ASGI middleware in front of the app: the API key (401) and the body limit (413).
+    A refused body is read and dropped (up to ``DRAIN_FACTOR`` times the limit) before
+    the answer goes out, so that a client still sending it reads the answer instead of a
+    reset connection."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.key, self.limit = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.key is not None and scope["path"].rstrip("/") not in OPEN_PATHS:
+            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode("utf-8"), self.key.encode("utf-8")
+            ):
+                await _drain(receive, self.limit * DRAIN_FACTOR)
+                message = "missing or incorrect API key: send 'Authorization: Bearer <key>'"
+                error = APIError(message, 401, "invalid_api_key")
+                return await error.response()(scope, receive, send)
+        if scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit * DRAIN_FACTOR:  # cut off, unread
+            return await self._too_large(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:  # the whole body, bounded, then replayed to the app
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                if more:
+                    await _drain(receive, self.limit * DRAIN_FACTOR - size)
+                return await self._too_large(scope, receive, send)
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return body
+
+        return await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send):
+        response = APIError(f"request body over {self.limit} bytes", 413).response()
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
+async def _drain(receive, budget: int) -> None:
+    """Read and drop up to ``budget`` bytes of the request body."""
+    while budget > 0:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        budget -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+def build_app(server: JudgeServer) -> FastAPI:
+    """The FastAPI app of ``server``: its routes and OpenAI-shaped errors."""
+    app = FastAPI(title="mmyatt judge", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, api_key=server.api_key, max_body_bytes=server.max_body_bytes)
+    errors = {code: {"model": ErrorBody} for code in (400, 401, 404, 413, 500, 503, 504)}
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, error: APIError):
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, error: RequestValidationError):
+        return validation_error(error.errors()).response()
+
+    @app.exception_handler(HTTPException)
+    async def _no_route(request: Request, _: HTTPException):  # 404 and 405 alike
+        message = f"no route {request.method} {request.url.path}"
+        return APIError(message, 404, "not_found").response()
+
+    @app.get("/health")
+    async def health() -> Health:
+        return Health(model=server.model_name)
+
+    @app.get("/v1/models", responses=errors)
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=server.model_name, created=server.created)])
+
+    @app.post("/v1/chat/completions", responses=errors)
+    async def chat_completions(request: ChatRequest) -> ChatCompletion:
+        work = to_work(request, server)
+        try:
+            result = await asyncio.wait_for(server.batcher.submit(work), server.request_timeout_s)
+        except BatcherStopped as error:
+            raise APIError(str(error), 503) from error
+        except asyncio.TimeoutError as error:
+            raise APIError("the judge model did not answer in time", 504) from error
+        except ValueError as error:  # the model refused the input
+            raise APIError(str(error)) from error
+        except Exception as error:  # noqa: BLE001 - reported to the client as a 500
+            raise APIError(f"judge model error: {type(error).__name__}: {error}", 500) from error
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=server.model_name,
+            choices=choices(work, result),
+            mmyatt=Timing(
+                model_time_ms=result.model_time_s * 1000.0,
+                batch_size=result.batch_size,
+                queue_ms=result.queue_s * 1000.0,
+            ),
+        )
+
+    @app.get("/stats", responses=errors)
+    def stats() -> Stats:
+        return Stats(**server.stats)
+
+    @app.post("/sleep", responses=errors)
+    def sleep() -> Slept:
+        try:
+            return Slept(sleep_s=server.batcher.sleep())
+        except ValueError as error:
+            raise APIError(f"/sleep: {error}") from error
+
+    @app.post("/wake_up", responses=errors)
+    def wake_up() -> Woken:
+        return Woken(reload_s=server.batcher.wake())
+
+    @app.post("/mmyatt/placement", responses=errors)
+    def placement(request: PlacementRequest) -> Placement:
+        try:
+            if request.cores:
+                resources.pin_process(request.cores)
+            if request.threads:
+                server.batcher.threads = request.threads
+            if request.reset_peak:
+                resources.reset_peak_rss()
+                resources.reset_device_peak()
+        except (ValueError, OSError) as error:
+            raise APIError(f"/mmyatt/placement: {error}") from error
+        return Placement(cores=resources.process_cores(), threads=server.batcher.threads)
+
+    return app
+
+
+def _check_image(url: str) -> None:
+    data = base64.b64decode(url.split(",", 1)[1])
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+        raise APIError(f"an image part is not a readable image: {error}") from error
+
+
+def to_work(req: ChatRequest, server: JudgeServer) -> Work:
+    """Check what the request model cannot (this server's model, limits, images)."""
+    if req.model is not None and req.model not in server.model_names:
+        raise APIError(
+            f"the model {req.model!r} does not exist; this server serves {server.model_name!r}",
+            404,
+            "model_not_found",
+            "model",
+        )
+    if req.stream:
+        raise APIError("streaming is not supported by the embedded judge server", param="stream")
+    for i, m in enumerate(req.messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            if isinstance(part, ImagePart):
+                if not server.allow_images:
+                    raise APIError(
+                        f"messages[{i}].content[{j}]: this judge is a text-only model; "
+                        "serve a VLM judge (Qwen2-VL / Qwen2.5-VL) to judge images",
+                        param="messages",
+                    )
+                _check_image(part.image_url.url)
+    max_tokens = req.max_completion_tokens or req.max_tokens or 128
+    top = req.top_logprobs or 0
+    if top > server.max_logprobs:
+        raise APIError(
+            f"'top_logprobs' must be an integer in [0, {server.max_logprobs}], got {top}",
+            param="top_logprobs",
+        )
+    if top and not req.logprobs:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if req.logprobs and max_tokens > 1:
+        raise APIError(
+            "logprobs are only available with max_tokens=1 on the embedded judge server "
+            "(next-token distribution); use vLLM for per-token logprobs of generated text",
+            param="logprobs",
+        )
+    temperature = 1.0 if req.temperature is None else float(req.temperature)
+    messages = [m.model_dump() for m in req.messages]
+    return Work(messages, max_tokens, temperature, bool(req.logprobs), top, req.n, req.seed)
+
+
+def _logprob(token: str, logprob: float) -> dict:
+    # -inf (a token the model cannot emit) as vLLM writes it: JSON has no infinity
+    return {"token": token, "logprob": max(logprob, -9999.0), "bytes": list(token.encode())}
+
+
+def choices(work: Work, result: Result) -> list[Choice]:
+    out = []
+    for j in range(work.n):
+        if work.next_token_only:
+            token, logprob = result.top[0]
+            finish = "length"
+        else:
+            token, logprobs = result.generations[j]
+            logprob = logprobs[0] if logprobs else 0.0
+            finish = "length" if len(logprobs) >= work.max_tokens else "stop"
+        logprobs = None
+        if work.logprobs and result.top is not None:
+            top = [TopLogprob(**_logprob(t, v)) for t, v in result.top[: work.top_logprobs]]
+            chosen = TokenLogprob(**_logprob(token, logprob), top_logprobs=top)
+            logprobs = ChoiceLogprobs(content=[chosen])
+        message = AssistantMessage(content=token)
+        out.append(Choice(index=j, message=message, logprobs=logprobs, finish_reason=finish))
+    return out
+
+
+class JudgeServer:
+    """The judge server, in-process: ``JudgeServer(model_dir_or_model).start()``.
+
+    ``model`` is a model directory (loaded with :func:`load_judge`, and reloadable after
+    ``/sleep``) or a ready :class:`JudgeModel`. ``port=0`` picks a free port; ``.url``
+    says which. ``start()`` serves from a background thread; ``serve_forever()`` blocks.
+    ``stop()`` fails queued requests with 503 and closes the listening socket and every
+    open connection, like a killed server. ``model_name`` is the name the server
+    reports and accepts (a list: the first is reported); by default the model directory,
+    also accepted by its base name, or ``"judge"`` for a model object.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | JudgeModel,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_batch: int = 32,
+        batch_wait_ms: float = 5.0,
+        max_logprobs: int = 20,
+        model_name: str | Sequence[str] | None = None,
+        request_timeout_s: float = 600.0,
+        log_requests: bool = False,
+        device: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ):
+        names = [model_name] if isinstance(model_name, str) else list(model_name or [])
+        loader = None
+        if isinstance(model, (str, Path)):
+            path = str(model)
+            names = names or [path, Path(path).name]
+
+            def loader():
+                return load_judge(path, device=device)
+
+            model = loader()
+        self.model_name = (names or ["judge"])[0]
+        self.model_names = tuple(dict.fromkeys(names or ["judge"]))
+        self.allow_images = not isinstance(model, TextJudge)
+        self.api_key = api_key or None
+        self.max_logprobs = int(max_logprobs)
+        self.max_body_bytes = int(max_body_bytes)
+        self.request_timeout_s = float(request_timeout_s)
+        self.log_requests = log_requests
+        self.created = int(time.time())
+        if not is_loopback(host):
+            logger.warning(
+                "the judge server listens on %s, not loopback: anyone who can reach this "
+                "address can use it%s",
+                host,
+                "" if self.api_key else " (and no API key is set)",
+            )
+        self.batcher = Batcher(model, max_batch, batch_wait_ms, loader=loader)
+        try:
+            self._socket = _listen(host, port)
+        except BaseException:
+            self.batcher.stop()
+            raise
+        self.host = host
+        self.port = int(self._socket.getsockname()[1])
+        self._uvicorn: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def model(self) -> JudgeModel | None:
+        """The served model (None while asleep, see ``POST /sleep``)."""
+        return self.batcher.model
+
+    @property
+    def url(self) -> str:
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        if host in ("0.0.0.0", "[::]"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def stats(self) -> dict:
+        with self.batcher.lock:
+            stats = {**self.batcher.stats, "batch_sizes": dict(self.batcher.stats["batch_sizes"])}
+        return {
+            **stats,
+            "pid": os.getpid(),
+            "cpu_s": resources.cpu_seconds(),
+            "rss_mb": resources.rss_mb(),
+            "peak_rss_mb": resources.peak_rss_mb(),
+            "device_mb": resources.device_mb(),  # 0 on CPU
+            "device_peak_mb": resources.device_peak_mb(),
+            "max_batch": self.batcher.max_batch,
+            "batch_wait_ms": self.batcher.batch_wait_s * 1000.0,
+        }
+
+    def _server(self) -> uvicorn.Server:
+        config = uvicorn.Config(
+            build_app(self),
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=self.log_requests,
+            proxy_headers=False,  # served directly
+            timeout_keep_alive=300,
+            timeout_graceful_shutdown=1,
+            server_header=False,
+        )
+        if self.log_requests:  # uvicorn's access log: request line and status only
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
+        self._uvicorn = uvicorn.Server(config)
+        return self._uvicorn
+
+    def start(self) -> JudgeServer:
+        server = self._server()
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [self._socket]}, name="judge-http", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the judge server's HTTP loop did not start")
+            time.sleep(0.005)
+        return self
+
+    def serve_forever(self) -> None:
+        self._server().run(sockets=[self._socket])
+
+    def stop(self) -> None:
+        self.batcher.stop()  # queued requests are answered 503
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = self._uvicorn.force_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._socket.close()
+
+    def __enter__(self) -> JudgeServer:
+        return self.start() if self._thread is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart takes the port
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)  # a burst of new connections must not overflow the backlog
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the process that started us is gone (no orphaned judges holding GPUs)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    """``mmyatt serve-genrm``: ``args`` as :func:`add_arguments` defines them. The key
+    may also come from the environment variable ``MMYATT_GENRM_API_KEY``, which keeps it
+    out of ``ps`` output."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    server = JudgeServer(
+        args.model_dir,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_batch=args.max_batch,
+        batch_wait_ms=args.batch_wait_ms,
+        max_logprobs=args.max_logprobs,
+        model_name=args.served_model_name,
+        log_requests=args.log_requests,
+        device=args.device,
+    )
+    server.batcher.threads = args.threads  # the model thread applies it too
+    if args.settle:  # placement will release it between phases
+        server.batcher.settle()
+    if args.port_file:  # written last and atomically: its presence means "listening"
+        tmp = Path(args.port_file + ".tmp")
+        tmp.write_text(str(server.port))
+        tmp.replace(args.port_file)
+    if args.parent_pid:
+        _watch_parent(args.parent_pid)
+    print(f"judge server for {server.model_name} on {server.url}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of ``mmyatt serve-genrm`` (vLLM's names where vLLM has one)."""
+    p.add_argument("model_dir")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--api-key", default=None, help=f"or set ${API_KEY_ENV} (kept out of ps)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model name(s) the API reports and accepts (default: the model directory)",
+    )
+    p.add_argument("--max-batch", type=int, default=32, help="most requests in one model call")
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a batch may wait for company (only while more requests are expected)",
+    )
+    p.add_argument(
+        "--settle",
+        action="store_true",
+        help="before serving, drop the weights, collect and freeze what survives, and reload: "
+        "a judge that placement releases between phases (colocate, auto) then never pays "
+        "the full garbage collection of its long-lived objects in a release",
+    )
+    p.add_argument("--max-logprobs", type=int, default=20)
+    p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--log-requests", action="store_true")
+    p.add_argument("--port-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="mmyatt serve-genrm", description="serve a GenRM judge (OpenAI API subset)"
+    )
+    return cli_main(add_arguments(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
