@@ -26,7 +26,7 @@ EXAMPLE = re.compile(r'^\s*(?:[rRuU]?""")?>>> ', re.M)
 KNOWN = {
     "mmyatt.rewards.rules",
     "mmyatt.rewards.image",
-    "mmyatt.rewards.genrm",
+    "mmyatt.rewards.verdicts",
     "mmyatt.datasets.manifest",
     "mmyatt.datasets.synthetic",
     "mmyatt.datasets.media",
