@@ -195,14 +195,16 @@ def critic_vs_rule(generator_dir: str | Path, n: int = 192, seed: int = 60_000) 
     and with ``prompt_alignment_rule``: their means, correlation and how often they give
     the same verdict at 0.5."""
     from mmyatt.models.builtin.train_tiny_judge import generator_samples
-    from mmyatt.rewards.critic import shape_critic
     from mmyatt.rewards.image import prompt_alignment_rule
 
     samples = generator_samples(
         generator_dir, n, seed=seed, noise_levels=(0.0,), denoise_steps=(20,)
     )
     rule = np.array([prompt_alignment_rule(s["image"], s) for s in samples])
-    critic = np.array([shape_critic(s["image"], s) for s in samples])
+    model = load_shape_critic(Path(__file__).resolve().parent / "shape_critic")
+    critic = np.array(
+        [float(model.score([s["image"]], [s["colour"]], [s["shape"]]).mean()) for s in samples]
+    )
     return {
         "rule_mean": float(rule.mean()),
         "critic_mean": float(critic.mean()),
