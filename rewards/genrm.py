@@ -58,7 +58,7 @@ from mmyatt.rewards import vqa
 from mmyatt.rewards.pairwise import VERDICTS, judge_pairwise
 from mmyatt.rewards.rules import check_batch
 from mmyatt.rewards.verdicts import parse_score, top_pairs, yes_probability
-from mmyatt.rewards.judge_client import JudgeClient
+from mmyatt.serving.client import JudgeClient
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -22,7 +22,7 @@ from torch import Tensor
 from mmyatt.protocols import Reward
 from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.rules import WeightedReward
-from mmyatt.rewards.judge_client import JudgeClient
+from mmyatt.serving.client import JudgeClient
 
 
 class RewardMixture:

@@ -37,7 +37,7 @@ from mmyatt.checkpoint.checkpointer import Checkpointer, rng_state, set_rng_stat
 from mmyatt.distributed import Dist
 from mmyatt.engines.megatron_model import init_parallel
 from mmyatt.protocols import Reward
-from mmyatt.rewards.judge_client import JudgeError
+from mmyatt.serving.client import JudgeError
 
 
 class GroupDist(Dist):
