@@ -1,6 +1,9 @@
 """Process groups and the few collectives controllers need.
 
 Controllers exchange gradients, scalar metrics and counts — never rollouts or media.
+Where a training engine's every forward and backward is a collective (FSDP2), ranks
+must also run the same passes: ``Lockstep`` pads a rank with fewer rows (a zero-weight
+pass on a filler sample), so the step itself never asks which engine it runs on.
 Each controller's device comes from ``distributed.device`` (``select_device``): by
 default ``cuda:<local rank>`` when CUDA is available, a lone controller included, else
 the CPU. On CPU the backend is gloo; under CUDA, NCCL. ``launch`` starts P controllers with
@@ -17,7 +20,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -118,6 +122,46 @@ class Dist:
         return box[0]
 
 
+class Lockstep:
+    """Passes that are collectives on a sharded training engine (``engine.lockstep``):
+    every rank runs as many, a rank short of rows pads with the engine's filler (two
+    samples it generated) at weight 0. On an engine whose passes are local (replica,
+    Megatron's data-parallel controllers) each call below is a no-op or passes through,
+    and no collective is added.
+
+    The engine supplies the filler passes (``zero_weight_loss``, ``idle_rollout``); this
+    class decides when a rank runs them."""
+
+    def __init__(self, dist: Dist, engine, policy):
+        self.dist, self.engine, self.policy = dist, engine, policy
+        self.active = bool(engine.lockstep)
+
+    def count(self, local: int) -> int:
+        """The fullest rank's count (one all-reduce, on every engine): how many passes
+        every rank runs."""
+        return max(self.dist.gather_ints(local))
+
+    def rows(self, local: int) -> int | None:
+        """The fullest rank's row count that a sharded forward pads to; None (and no
+        collective) where passes are local."""
+        return max(self.dist.gather_ints(local)) if self.active else None
+
+    def filler(self):
+        """The engine's filler sample, zero advantages and rewards (a sharded engine only)."""
+        return self.engine.idle_rollout(self.policy)
+
+    def idle(self, fn: Callable) -> None:
+        """``fn(filler)`` with its result dropped where this rank must still join a
+        pass it has no rows for."""
+        if self.active:
+            fn(self.filler())
+
+    def zero_loss(self) -> torch.Tensor | None:
+        """A loss of exactly 0 whose backward joins every collective a real one makes,
+        for a rank with no rows; None where a rank without rows runs nothing."""
+        return self.engine.zero_weight_loss(self.policy) if self.active else None
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -211,8 +255,6 @@ def attempt_store(rank: int, world: int):
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if attempt is None or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         return None
-    from datetime import timedelta
-
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],

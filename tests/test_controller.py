@@ -17,6 +17,7 @@ from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import Dist, free_port, init_from_env, shutdown
 from mmyatt.rewards.rules import WeightedReward
+from mmyatt.step.builders import build_controller
 from mmyatt.step.controller import Controller
 
 
@@ -53,7 +54,7 @@ def make_controller(
             *overrides,
         ],
     )
-    return Controller(
+    return build_controller(
         cfg,
         tmp,
         dist,

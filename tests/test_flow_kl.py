@@ -127,7 +127,7 @@ def _flow_controller(tmp_path, policy, estimator: str):
     from mmyatt.datasets.synthetic import write_jsonl
     from mmyatt.distributed import Dist
     from mmyatt.rewards.rules import WeightedReward
-    from mmyatt.step.controller import Controller
+    from mmyatt.step.builders import build_controller
 
     manifest = tmp_path / "m.jsonl"
     write_jsonl(manifest, [dict(p) for p in PROMPTS])
@@ -143,7 +143,7 @@ def _flow_controller(tmp_path, policy, estimator: str):
             "reward.functions=[{name: 'test_flow_kl:bright'}]",
         ],
     )
-    return Controller(
+    return build_controller(
         cfg,
         tmp_path,
         Dist(),

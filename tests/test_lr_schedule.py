@@ -90,14 +90,12 @@ def test_controller_schedule_is_the_shared_one():
     trainer.steps (hand-worked: 10 steps, 2 of warm-up)."""
     from types import SimpleNamespace
 
-    from mmyatt.step.controller import Controller
+    from mmyatt.step.trainer import Trainer
 
     def factor(schedule, warmup, step):
-        cfg = SimpleNamespace(
-            optim=SimpleNamespace(schedule=schedule, warmup_steps=warmup),
-            trainer=SimpleNamespace(steps=10),
-        )
-        return Controller._lr_factor(SimpleNamespace(cfg=cfg), step)
+        floor = 0.0 if schedule == "cosine" else 1.0
+        trainer = SimpleNamespace(warmup_steps=warmup, total_steps=10, floor=floor)
+        return Trainer.lr_factor(trainer, step)
 
     assert [factor("constant", 2, t) for t in range(4)] == [0.5, 1.0, 1.0, 1.0]
     assert [factor("constant", 0, t) for t in (0, 9)] == [1.0, 1.0]

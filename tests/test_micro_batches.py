@@ -1,6 +1,6 @@
 """Micro-batches of a bounded padded width (``algorithm.micro_batch_tokens``,
 mmyatt/step/batches.py) against hand-worked cuts; every row once, the budget kept; as many
-micro-batches on every rank (``to_count``, ``step_parts.micro_parts``)."""
+micro-batches on every rank (``to_count``, ``batches.micro_parts``)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from mmyatt.rollout import Rollout
 from mmyatt.step.batches import (
     group_index,
     micro_batch_cost,
+    micro_parts,
     row_widths,
     to_count,
     token_micro_batches,
 )
-from mmyatt.step.parts import micro_parts
 
 P, A = 4, 4  # prompt and action columns
 

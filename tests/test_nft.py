@@ -211,7 +211,7 @@ def _controller(tmp_path, reward_specs, overrides=()):
     from mmyatt.datasets.synthetic import write_jsonl
     from mmyatt.distributed import Dist
     from mmyatt.rewards.rules import WeightedReward
-    from mmyatt.step.controller import Controller
+    from mmyatt.step.builders import build_controller
 
     recs = [{"prompt": p["prompt"], "id": p["id"]} for p in PROMPTS] * 2
     write_jsonl(tmp_path / "m.jsonl", recs)
@@ -232,7 +232,7 @@ def _controller(tmp_path, reward_specs, overrides=()):
     )
     shard = ShardedManifest([str(tmp_path / "m.jsonl")], rank=0, world_size=1, seed=0)
     policy = _policy()
-    ctl = Controller(
+    ctl = build_controller(
         cfg, tmp_path, Dist(), policy=policy, reward=WeightedReward(reward_specs), shard=shard,
         eval_records=[],
     )  # fmt: skip
@@ -260,17 +260,17 @@ def test_nft_controller_step_with_a_latent_reward_skips_the_decode(tmp_path, mon
     cur = dict(policy.module().named_parameters())
     n0 = moved[0]
     want = 0.25 * before[n0] + 0.75 * cur[n0].detach()
-    assert torch.allclose(dict(ctl.nft.old.named_parameters())[n0], want)
+    assert torch.allclose(dict(ctl.loss.nft.old.named_parameters())[n0], want)
     m2 = ctl.step()
     assert m2["nft/old_deviation"] > 0.0  # the trained policy now differs from the sampler
     # the sampling policy is part of the run state: a resumed run samples as before
     state, local = ctl.shared_state(), ctl.local_state()
     saved = {k: v.clone() for k, v in state["nft_old"].items()}
     with torch.no_grad():
-        for p in ctl.nft.old.parameters():
+        for p in ctl.loss.nft.old.parameters():
             p.add_(1.0)
     ctl.load_state(state, local)
-    assert all(torch.equal(v, saved[k]) for k, v in ctl.nft.old.state_dict().items())
+    assert all(torch.equal(v, saved[k]) for k, v in ctl.loss.nft.old.state_dict().items())
 
 
 def test_pixel_rewards_decode_and_mixing_is_refused(tmp_path):

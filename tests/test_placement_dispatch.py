@@ -19,6 +19,7 @@ from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import Dist
 from mmyatt.rewards.rules import WeightedReward
+from mmyatt.step.builders import build_controller
 from mmyatt.step.controller import Controller
 
 # record i needs LENS[i] decode steps (every sample of its group)
@@ -65,7 +66,7 @@ def controller(tmp: Path, overrides=(), policy=None) -> Controller:
             *overrides,
         ],
     )
-    return Controller(
+    return build_controller(
         cfg,
         tmp,
         Dist(),
@@ -305,7 +306,7 @@ def test_a_carried_prompt_is_redrawn_only_when_asked(tmp_path, redraw):
     if redraw:
         assert len(set(seeds_of_1)) == 3
         assert seeds_of_1[1] == record_seed(
-            ctl.cfg.trainer.seed, {"_index": 1, "_carries": 1}, True
+            ctl.placement.s.seed, {"_index": 1, "_carries": 1}, True
         )
     else:
         assert len(set(seeds_of_1)) == 1

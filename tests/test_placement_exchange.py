@@ -19,7 +19,7 @@ from mmyatt.distributed import free_port, init_from_env, shutdown
 from mmyatt.placement.exchange import assign_parts, choose_parts, concat_padded, group_costs
 from mmyatt.rollout import Rollout
 from mmyatt.step import builders
-from mmyatt.step.controller import Controller
+from mmyatt.step.builders import build_controller
 
 
 def test_assign_parts_moves_few_samples():
@@ -123,7 +123,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str):
         result = []
         for i, overrides in enumerate(runs):  # one after the other in the same group
             cfg = load_config(None, overrides)
-            ctl = Controller(
+            ctl = build_controller(
                 cfg,
                 Path(tmp) / f"run{i}-{rank}",
                 dist,

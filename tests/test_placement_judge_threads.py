@@ -7,12 +7,9 @@ import os
 import pytest
 
 from mmyatt.config.schema import ConfigError, load_config
-from mmyatt.distributed import Dist
-from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.placement import resources as res
 from mmyatt.placement.judge_threads import JudgeThreads
-from mmyatt.placement.runner import Placement
-from tests.test_placement_runner import SAMPLING, Ctl, JudgeSpy, Shard
+from tests.test_placement_runner import SAMPLING, Ctl, JudgeSpy, placement, produce
 
 
 def test_measures_all_cores_and_one_thread_in_abba_order_and_keeps_the_faster():
@@ -119,13 +116,14 @@ def test_colocate_steps_measure_both_counts_then_run_the_faster():
         None, ["placement.mode=colocate", "placement.judge_threads=-1", "placement.cores=[0,1]"]
     )
     lines: list[str] = []
-    pl = Placement(cfg, Dist(), Shard(), log=lambda s, **k: lines.append(s))
+    pl = placement(cfg)
+    pl.log = lambda s, **k: lines.append(s)
     pl.has_judge, pl.judges = True, TimedJudge({2: 4.0, 1: 3.0}, samples=2)
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     logged = []
     try:
         for _ in range(7):
-            pl.generate_and_score(Ctl(), 2, SAMPLING, PhaseTimer())
+            produce(pl, Ctl(), 2, SAMPLING)
             logged.append(pl.end_step()["placement/judge_threads"])
     finally:
         res.pin_process(cores)

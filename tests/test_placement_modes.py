@@ -16,7 +16,7 @@ from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
 from mmyatt.placement import resources as res
 from mmyatt.step import builders
-from mmyatt.step.controller import Controller
+from mmyatt.step.builders import build_controller
 
 YES = "abcdefghijklmABCDEFGHIJKLM01234\n +"
 NO = "nopqrstuvwxyzNOPQRSTUVWXYZ56789.,?="
@@ -77,7 +77,7 @@ def run_mode(
             *extra,
         ],
     )
-    ctl = Controller(
+    ctl = build_controller(
         cfg,
         tmp / (mode + ("_" + "_".join(extra) if extra else "")),
         Dist(),
@@ -99,7 +99,7 @@ def run_mode(
 
 
 def test_same_seeds_same_rewards_in_every_mode(tmp_path, models, restore_affinity):
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     with JudgeServer(str(models["judge"])).start() as server:
         calls: dict[str, list] = {m: [] for m in MODES}
@@ -131,7 +131,7 @@ def test_partial_release_judge_sleeps_through_training_with_the_same_rewards(
     """placement.partial_release_judge: after every controller holds its rewards the judge
     drops its weights for training and reloads them when the next partial step starts;
     the samples and rewards are those of plain partial."""
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     with JudgeServer(str(models["judge"])).start() as server:
         plain = run_mode(tmp_path, models, server.url, "partial")
@@ -156,7 +156,7 @@ def test_auto_wakes_a_judge_partial_released_whatever_it_runs_next(
     """Under auto a partial step with partial_release_judge leaves the judge asleep; the
     plan after it (any mode, as measured) must wake it before scoring: every step's
     rewards are shared mode's."""
-    from mmyatt.rewards.judge_server import JudgeServer
+    from mmyatt.serving.server import JudgeServer
 
     with JudgeServer(str(models["judge"])).start() as server:
         ref = run_mode(tmp_path, models, server.url, "shared", steps=6)

@@ -71,7 +71,7 @@ def test_controller_drops_gradients_after_the_update(tmp_path):
     from mmyatt.distributed import Dist
     from mmyatt.models.builtin.tiny import build_tiny_text_model
     from mmyatt.step import builders
-    from mmyatt.step.controller import Controller
+    from mmyatt.step.builders import build_controller
 
     policy = build_tiny_text_model(tmp_path / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)
     base = load_config(None, ["data.synthetic_train_size=32", "data.synthetic_eval_size=8"])
@@ -90,7 +90,7 @@ def test_controller_drops_gradients_after_the_update(tmp_path):
             "reward.functions=[{name: numeric_match}]",
         ],
     )
-    ctl = Controller(
+    ctl = build_controller(
         cfg,
         tmp_path / "run",
         Dist(),

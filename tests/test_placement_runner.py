@@ -1,5 +1,5 @@
 """The placement runner's per-step work: what a step under auto touches (affinity calls)
-against the fixed mode it runs. One controller, a stand-in controller and shard (no
+against the fixed mode it runs. One controller, a stand-in policy, scorer and shard (no
 model): only the placement bookkeeping runs."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.placement import resources as res
 from mmyatt.placement.config import candidate_plans
 from mmyatt.placement.runner import Placement
+from mmyatt.step.builders import build_placement
 
 SAMPLING = SimpleNamespace(max_new_tokens=4)
 
@@ -29,15 +30,35 @@ class Shard:
         return out
 
 
+class Rows(list):
+    """A stand-in rollout: its records."""
+
+    truncated = None
+
+
 class Ctl:
-    def __init__(self):
-        self.consumed = []
+    """A stand-in policy and scorer: the records back, unscored."""
 
-    def generate(self, records, sampling):
-        return list(records)
+    compares_groups = True
 
-    def score(self, r, scored=None):
+    def generate(self, records, group_size, sampling, seeds):
+        return Rows(records)
+
+    def score(self, r):
         return r
+
+
+def placement(cfg, ctl=None, **kw) -> Placement:
+    """The placement ``cfg`` asks for, over a stand-in shard, generating and scoring with
+    ``ctl`` (a stand-in policy and scorer)."""
+    ctl = ctl or Ctl()
+    return build_placement(cfg, Dist(), Shard(), policy=ctl, scorer=ctl, **kw)
+
+
+def produce(pl: Placement, ctl, n: int, sampling):
+    """One ``produce`` call of ``pl`` with ``ctl`` as its policy and scorer."""
+    pl.policy = pl.scorer = ctl
+    return pl.produce(n, sampling, PhaseTimer())
 
 
 @pytest.fixture
@@ -71,7 +92,7 @@ class Calls(list):
 def _steps(pl: Placement, n: int) -> list[str]:
     ctl, modes = Ctl(), []
     for _ in range(n):
-        pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())
+        produce(pl, ctl, 2, SAMPLING)
         modes.append(pl.end_step()["placement/mode"])
     return modes
 
@@ -92,7 +113,7 @@ def test_auto_running_shared_makes_no_affinity_call_until_a_pinned_plan_ran(call
     touch nothing, as the fixed shared mode; after a colocate step the next shared step
     puts every thread back once, and the one after that again touches nothing."""
     cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
-    pl = Placement(cfg, Dist(), shard=Shard())
+    pl = placement(cfg)
     assert _steps(pl, 3) == ["shared"] * 3
     assert calls == [] and calls.pins == []
     plans = {p.mode: p for p in candidate_plans(cfg)}
@@ -113,7 +134,7 @@ def test_a_shared_step_after_a_pinned_split_puts_the_threads_back_once(calls):
     if len(cores) < 2:
         pytest.skip("partial needs 2 cores")
     cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
-    pl = Placement(cfg, Dist(), shard=Shard())
+    pl = placement(cfg)
     plans = {(p.mode, len(p.rollout)): p for p in candidate_plans(cfg)}
     shared, part = plans[("shared", len(cores))], plans[("partial", 1)]
     pl.auto.queue = [part, shared, shared]
@@ -127,11 +148,11 @@ def test_a_shared_step_after_a_pinned_split_puts_the_threads_back_once(calls):
     pl.end_step()
     assert sorted(os.sched_getaffinity(0)) == list(part.rollout)
     n = len(calls)
-    pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())  # shared: back on every core
+    produce(pl, ctl, 2, SAMPLING)  # shared: back on every core
     pl.end_step()
     assert sorted(os.sched_getaffinity(0)) == cores and len(calls) > n
     n = len(calls)
-    pl.generate_and_score(ctl, 2, SAMPLING, PhaseTimer())  # shared again: nothing to do
+    produce(pl, ctl, 2, SAMPLING)  # shared again: nothing to do
     pl.end_step()
     assert len(calls) == n
 
@@ -145,17 +166,18 @@ class StreamingCtl:
     def __init__(self, G: int):
         import threading
 
-        self.G, self.consumed, self.batches = G, [], []
+        self.G, self.batches = G, []
         self.first_call = threading.Event()
         self.generated = threading.Event()
 
-    UNIT = "group"  # a reward with no ``compares_groups``: partial streams groups
+    UNIT = "group"  # a reward that compares a group's samples: partial streams groups
+    compares_groups = True
 
     def units(self, n: int) -> list[list[int]]:
         """The rows reported finished, call by call."""
         return [list(range(g * self.G, (g + 1) * self.G)) for g in range(n // self.G)]
 
-    def generate(self, records, sampling):
+    def generate(self, records, group_size, sampling, seeds):
         import torch
 
         from mmyatt.rollout import Rollout
@@ -178,7 +200,7 @@ class StreamingCtl:
             records=[r for r in records for _ in range(G)],
         )
 
-    def reward(self, outputs, records, ids):
+    def __call__(self, outputs, records, ids):
         import torch
 
         self.batches.append([int(o.split()[1]) for o in outputs])
@@ -188,10 +210,13 @@ class StreamingCtl:
         rows = torch.tensor(self.batches[-1], dtype=torch.float32)
         return rows, {"row": rows.clone()}
 
-    def agree_on_judge_error(self, error):
+    def verdicts(self):
+        return []
+
+    def agree(self, error):
         assert error is None
 
-    def score(self, r, scored=None):
+    def finish(self, r, scored, verdicts=None):
         r.rewards, r.reward_parts = scored
         return r
 
@@ -203,10 +228,10 @@ def _partial_step(ctl, G: int = 2):
     from mmyatt.protocols import Sampling
 
     cfg = load_config(None, ["placement.mode=partial", f"sampling.group_size={G}"])
-    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    pl = placement(cfg, ctl, streams_finished=True)
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     try:
-        r = pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+        r = produce(pl, ctl, 4, Sampling(max_new_tokens=4))
         return r, pl.end_step()
     finally:
         res.pin_process(cores)
@@ -232,19 +257,8 @@ class PointwiseCtl(StreamingCtl):
     (``compares_groups`` False), so partial streams samples, not groups."""
 
     UNIT = "sample"
+    compares_groups = False
     ORDER = [3, 0, 5, 1, 2, 4, 6, 7]
-
-    def __init__(self, G: int):
-        super().__init__(G)
-        outer = self
-
-        class Pointwise:
-            compares_groups = False
-
-            def __call__(self, outputs, records, ids):
-                return StreamingCtl.reward(outer, outputs, records, ids)
-
-        self.reward = Pointwise()
 
     def units(self, n: int) -> list[list[int]]:
         return [[i] for i in self.ORDER]
@@ -294,11 +308,11 @@ def test_the_judge_is_placed_before_it_reloads_its_weights():
     from mmyatt.protocols import Sampling
 
     cfg = load_config(None, ["placement.mode=partial", "sampling.group_size=2"])
-    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    pl = placement(cfg, streams_finished=True)
     pl.judges = spy = JudgeSpy()
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     try:
-        pl.generate_and_score(StreamingCtl(2), 4, Sampling(max_new_tokens=4), PhaseTimer())
+        produce(pl, StreamingCtl(2), 4, Sampling(max_new_tokens=4))
         pl.end_step()
         assert spy.calls[:2] == ["place", "wake"], spy.calls
         # auto's shared step after a pinned one puts the judge back the same way
@@ -316,20 +330,17 @@ def test_auto_measures_the_share_of_samples_the_budget_cut():
     sends those only when generation ends: mmyatt/placement/auto.py ``streamable``)."""
     import torch
 
-    class Cut(list):
-        truncated = None
-
     class CutCtl(Ctl):
-        def generate(self, records, sampling):
-            r = Cut(records * 2)  # 2 groups of 2 samples
+        def generate(self, records, group_size, sampling, seeds):
+            r = Rows(records * 2)  # 2 groups of 2 samples
             r.truncated = torch.tensor([True, False, False, False])
             return r
 
     cfg = load_config(None, ["placement.mode=auto", "placement.profile_steps=2"])
-    pl = Placement(cfg, Dist(), shard=Shard())
+    pl = placement(cfg)
     for _ in range(2):  # a warm-up step (not measured), then a measured one
         assert pl.auto.model.cut == 0.0
-        pl.generate_and_score(CutCtl(), 2, SAMPLING, PhaseTimer())
+        produce(pl, CutCtl(), 2, SAMPLING)
         pl.end_step()
     assert pl.auto.model.cut == pytest.approx(0.25)
 
@@ -364,7 +375,7 @@ def test_partial_gives_the_judge_every_core_once_generation_is_done(widen):
             f"placement.widen_judge={str(widen).lower()}",
         ],
     )
-    pl = Placement(cfg, Dist(), Shard(), streams_finished=True)
+    pl = placement(cfg, streams_finished=True)
     pl.has_judge = True
     cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     if len(cores) < 2:
@@ -374,7 +385,7 @@ def test_partial_gives_the_judge_every_core_once_generation_is_done(widen):
         pl.judges = spy = PlaceSpy(ctls[0])
         for ctl in ctls:
             spy.ctl = ctl
-            pl.generate_and_score(ctl, 4, Sampling(max_new_tokens=4), PhaseTimer())
+            produce(pl, ctl, 4, Sampling(max_new_tokens=4))
             pl.end_step()
         share, every = (sorted(pl.plan.judge), len(pl.plan.judge)), ([0, 1], 2)
         assert len(pl.plan.judge) == 1
@@ -458,18 +469,16 @@ def test_auto_measurements_travel_in_the_controllers_checkpoint_state(calls):
     with other work (here a longer completion budget) keeps the role times but measures
     before choosing; shared mode has nothing to keep."""
     args = ["placement.mode=auto", "placement.profile_steps=1"]
-    pl = Placement(load_config(None, args), Dist(), shard=Shard())
+    pl = placement(load_config(None, args))
     _steps(pl, 3)  # warm-up, profile, the choice (its times are the stand-in's: ~0)
     state = pl.state_dict()
     assert set(state) == {"auto"} and state["auto"]["current"] == pl.auto.key(pl.auto.current)
-    again = Placement(load_config(None, args), Dist(), shard=Shard())
+    again = placement(load_config(None, args))
     again.load_state_dict(state)
     assert again.auto.model.gen == pl.auto.model.gen and again.auto.reason == "resumed"
     assert again.auto.queue == [pl.auto.current] and again.auto.current == pl.auto.current
-    other = Placement(
-        load_config(None, [*args, "sampling.max_new_tokens=64"]), Dist(), shard=Shard()
-    )
+    other = placement(load_config(None, [*args, "sampling.max_new_tokens=64"]))
     other.load_state_dict(state)
     assert other.auto.model.gen == pl.auto.model.gen and other.auto.model.work_changed
     assert other.auto.steps == {} and len(other.auto.queue) == 2
-    assert Placement(load_config(None, []), Dist(), shard=Shard()).state_dict() == {}
+    assert placement(load_config(None, [])).state_dict() == {}

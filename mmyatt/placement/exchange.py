@@ -155,9 +155,10 @@ class Exchange:
         stats = {
             "placement/balance_before": max(before) / (sum(before) / P) if sum(before) else 1.0,
             "placement/balance_after": max(after) / (sum(after) / P) if sum(after) else 1.0,
+            # samples that changed rank, summed over the ranks
             "placement/balance_moved": float(
-                sum(len(x) for d in send.values() for x in d)
-            ),  # summed over ranks by the caller
+                self.dist.sum(float(sum(len(x) for d in send.values() for x in d)))
+            ),
         }
         return (concat_padded(out) if out else None), stats
 

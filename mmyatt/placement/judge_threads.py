@@ -42,6 +42,15 @@ class JudgeThreads:
         self.per_sample: dict[int, list[float]] = {}
         self.warmed = False
 
+    def for_plan(self, plan, shared: int) -> int:
+        """The judge's torch threads (over all its servers) when ``plan`` runs: ``shared``
+        (reward.judge.threads x servers) in shared mode, one per judge core in partial."""
+        if plan is None or plan.mode == "shared":
+            return shared
+        if plan.mode == "colocate":
+            return self.current()
+        return len(plan.judge)
+
     def current(self) -> int:
         """The judge's threads for the next colocate step."""
         return self.chosen if self.chosen is not None else self.todo[0]

@@ -1,8 +1,9 @@
 """The placement modes inside a controller's step.
 
-``Controller.collect`` hands generation and scoring of each batch of records to
-``Placement.generate_and_score``; ``Controller.step`` calls ``Placement.end_step`` after
-the update. Per mode:
+The controller asks ``Placement.produce`` for a number of scored prompt groups; the
+placement draws their records, generates them with the policy and scores them with the
+step's ``Scorer``, as the mode in force says, and hands back a scored rollout. It is
+given plain objects by ``mmyatt.step.builders`` and never sees the controller. Per mode:
 
 - shared: generate, then score, nothing pinned (the behaviour before placement existed).
 - colocate: every controller generates on all cores (threads = cores / controllers);
@@ -13,118 +14,110 @@ the update. Per mode:
   judge cores; each sample (each prompt group, for rewards that compare a group's
   samples) goes to the judge as it finishes (a background thread sends it), so judging
   overlaps generation; training then takes every core. The judge keeps its weights (on
-  CPU an idle judge uses no core), or with ``placement.partial_release_judge`` drops them
-  while training runs and reloads them when the next partial step starts.
+  CPU an idle judge uses no core), or with ``partial_release_judge`` drops them while
+  training runs and reloads them when the next partial step starts. With ``merge`` the
+  first controller generates every controller's groups in one batch.
 - auto: one of the above per step, chosen by ``AutoPlacer`` from measured costs.
 
 Every mode scores the same samples with the same seeds: generation is seeded per prompt
 and the judge answers each sample on its own, so the rewards do not depend on the mode
 (tests/test_placement_modes.py). Only rank 0 talks to the judges; every decision is
 computed from all-reduced measurements, so all controllers take the same one.
+
+Leaves out which cores each plan holds (``placement.config``), how auto chooses
+(``placement.auto``) and the judge stream (``placement.stream``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+from mmyatt.distributed import Dist
+from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.placement import config
 from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
-from mmyatt.placement.config import (
-    CorePlan,
-    candidate_plans,
-    partial_split,
-    plan_for,
-    run_cores,
-    work_key,
-)
-from mmyatt.placement.dispatch import OverDispatch
+from mmyatt.placement.config import CorePlan
+from mmyatt.placement.dispatch import OverDispatch, record_seed
 from mmyatt.placement.judge_threads import JudgeThreads
-from mmyatt.placement.merged import partial_merged
+from mmyatt.placement.offload import PolicyOffload
 from mmyatt.placement.stream import (
     FIELDS,
     JudgeStream,
-    finished_unit,
+    gather_records,
     in_row_order,
+    rank_parts,
+    scatter_parts,
 )
+from mmyatt.protocols import Sampling
 from mmyatt.rollout import Rollout
 
 
+@dataclass(frozen=True)
+class PlacementSettings:
+    """The knobs of ``placement.*`` a step reads (``mmyatt.config.schema.PlacementConfig``),
+    and the run's sizes they need."""
+
+    mode: str = "shared"
+    group_size: int = 1
+    seed: int = 0  # trainer.seed: the base of every record's generation seed
+    redraw_carried: bool = False  # rollout.redraw_carried
+    streams: bool = False  # partial sends each sample as it finishes (see Placement)
+    merge: bool = False  # partial: the first controller generates for all (merge_rollout)
+    has_judge: bool = False  # a GenRM term with a judge to place
+    stream_groups: int = 1
+    stream_max_samples: int = 0
+    widen_judge: bool = True
+    release_judge: bool = False
+    partial_release_judge: bool = False
+    log_memory: bool = False
+    trainer_threads: int = 1  # torch threads of a controller in shared mode
+    shared_judge_threads: int = 1  # the judge's threads in shared mode, over its servers
+    judge_servers: int = 1
+    run_cores: int = 1  # cores of the run (placement.cores, or every core)
+
+
 class Placement:
-    def __init__(self, cfg, dist, shard=None, log=print, streams_finished: bool = False):
-        p = cfg.placement
-        self.cfg, self.dist, self.mode = cfg, dist, p.mode
+    """``policy``: what generates (its ``generate`` seeded per record); ``scorer``: the
+    step's rewards (``mmyatt.step.scoring.Scorer``); ``dispatch``: which records each
+    generate call gets (over-dispatch, ``placement/dispatch.py``); ``plan``: the cores of
+    a fixed mode (None: shared), or ``auto`` choosing one per step; ``judges``: the judge
+    servers' control (rank 0 of a run with a judge), ``offload``: the policy's moves off
+    the device in colocate steps (``placement.offload_policy``)."""
+
+    def __init__(
+        self,
+        settings: PlacementSettings,
+        dist: Dist,
+        *,
+        policy,
+        scorer,
+        dispatch: OverDispatch,
+        plan: CorePlan | None = None,
+        auto: AutoPlacer | None = None,
+        colocate_threads: JudgeThreads,
+        judges=None,
+        offload: PolicyOffload | None = None,
+        log: Callable = print,
+    ):
+        self.s, self.dist, self.mode = settings, dist, settings.mode
+        self.G = settings.group_size
+        self.policy, self.scorer, self.dispatch = policy, scorer, dispatch
+        self.plan, self.auto, self.judges = plan, auto, judges
         # processes that train: a Megatron model-parallel group (train.tensor_parallel /
         # pipeline_parallel > 1) is one controller of several processes; only its first
         # rank generates and scores (mmyatt/engines/megatron_group.py)
         self.group = dist.model_parallel
         self.train_procs = dist.processes
-        ro = cfg.rollout
-        # which records each generate call gets (rollout.over_dispatch_ratio; dispatch.py)
-        self.dispatch = OverDispatch(
-            ro.over_dispatch_ratio, shard, reuse=ro.reuse_unused_prompts, max_carries=ro.max_carries
-        )
         self.log = log if dist.is_main else (lambda *a, **k: None)
-        # partial sends each sample (or prompt group) to the judge the moment it finishes,
-        # from inside one generate call (the policy's ``streams_finished``: text and VLM
-        # adapters); otherwise (flow models, vLLM, over-dispatch) it generates chunks of
-        # placement.stream_groups groups, one call each, and sends each chunk
-        self.streams = streams_finished and not self.dispatch.active
-        # placement.merge_rollout (checked in config): in partial steps the first
-        # controller generates every controller's groups in one batch
-        self.merge = p.merge_rollout and dist.world_size > 1 and not dist.model_parallel
-        self.has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(
-            cfg.reward.judge.model or cfg.reward.judge.urls
-        )
-        self.exchange = None  # placement.balance with more than one controller
-        if p.balance and dist.world_size > 1:
-            from mmyatt.placement.exchange import Exchange
-
-            self.exchange = Exchange(dist, cfg.model.kind)
-        self._balanced = False
-        self.judges = None
-        if dist.is_main and self.has_judge and (p.mode != "shared" or p.log_memory):
-            # shared mode only reads the judges' counters (CPU, busy time, memory)
-            from mmyatt.placement.judges import JudgeControl
-
-            j = cfg.reward.judge
-            key = os.environ.get(j.api_key_env) if j.api_key_env else None
-            self.judges = JudgeControl(j.urls, api_key=key)
-        self.plan: CorePlan | None = plan_for(cfg)
+        self.has_judge = settings.has_judge
         # colocate's judge threads: set, or measured (placement.judge_threads=-1)
-        self.colocate_threads = JudgeThreads(p.judge_threads, len(run_cores(p)), p.profile_steps)
-        self.auto = None
-        if p.mode == "auto":
-            cores = run_cores(p)
-            start = None
-            if len(cores) >= 2:
-                r, _ = partial_split(p, len(cores))
-                start = next(
-                    c for c in candidate_plans(cfg) if c.mode == "partial" and len(c.rollout) == r
-                )
-            groups = max(1, cfg.data.prompts_per_step // max(1, dist.world_size))
-            self.auto = AutoPlacer(
-                candidate_plans(cfg),
-                has_judge=self.has_judge,
-                start_partial=start,
-                profile=p.profile_steps,
-                every=p.reevaluate_every,
-                drift_threshold=p.drift_threshold,
-                profile_all=p.profile_all_modes,
-                explore_margin=p.explore_margin,
-                judge_threads=self.judge_threads,
-                # partial's judge calls per step
-                chunks=(groups * (dist.world_size if self.merge else 1))
-                if self.streams
-                else -(-groups // p.stream_groups),
-                widen=p.widen_judge,
-                partial_reload=p.partial_release_judge and self.has_judge,
-                shared_cores=dist.processes * cfg.trainer.threads,
-                work=work_key(cfg),
-            )
-        self.offload = None  # placement.offload_policy: made at the first colocate step
+        self.colocate_threads = colocate_threads
+        self._offload = offload  # made ready at the first colocate step
+        self.offload: PolicyOffload | None = None
         self.judge_plan: tuple | None = None  # (cores, threads) the judge was last given
         # a pinned plan (colocate, partial) ran since the last shared step: shared must
         # put the processes back; a run starts as shared leaves it (nothing pinned)
@@ -153,12 +146,7 @@ class Placement:
 
     def judge_threads(self, plan: CorePlan | None) -> int:
         """The judge's torch threads (over all its servers) when ``plan`` runs."""
-        j = self.cfg.reward.judge
-        if plan is None or plan.mode == "shared":
-            return j.threads * max(1, j.num_servers)
-        if plan.mode == "colocate":
-            return self.colocate_threads.current()
-        return len(plan.judge)
+        return self.colocate_threads.for_plan(plan, self.s.shared_judge_threads)
 
     # ------------------------------------------------------------------ step bookkeeping
     def _begin_step(self) -> None:
@@ -183,7 +171,7 @@ class Placement:
         return self.judges.stats()
 
     def _phase_start(self, judge_too: bool = True) -> None:
-        if self.cfg.placement.log_memory:
+        if self.s.log_memory:
             res.reset_peak_rss()
             res.reset_device_peak()
             if judge_too and self.judges is not None:
@@ -192,7 +180,7 @@ class Placement:
     def _phase_end(self, name: str) -> None:
         """The phase's peak RSS, and on CUDA its peak device memory (the allocators'
         reserved bytes), of this controller plus the judge servers it drives."""
-        if not self.cfg.placement.log_memory:
+        if not self.s.log_memory:
             return
         peak, dpeak = res.peak_rss_mb(), res.device_peak_mb()
         if self.judges is not None:
@@ -208,10 +196,31 @@ class Placement:
             self.judge_plan = (tuple(cores), threads)
 
     # ------------------------------------------------------------------ the modes
-    def _generate(self, ctl, n: int, sampling, stream=None):
-        """``n`` prompt groups: the next records (over-dispatched when
-        rollout.over_dispatch_ratio > 1, then cut to the first ``n`` complete groups).
-        ``stream``: (the ``on_finished`` callback for these records, its unit)."""
+    def produce(self, groups: int, sampling: Sampling, timer: PhaseTimer) -> Rollout:
+        """``groups`` prompt groups generated on this rank and scored, as the mode says:
+        the next records (over-dispatched when ``dispatch`` is active, then cut to the
+        first complete groups), G samples each, with their rewards."""
+        if not self._in_step:
+            self._begin_step()
+        plan = self.plan
+        if plan is None or plan.mode == "shared":  # shared (auto may choose it too)
+            r = self._shared(groups, sampling, timer, plan)
+        elif plan.mode == "partial":
+            partial = self._partial_merged if self.s.merge else self._partial
+            r = partial(groups, sampling, timer, plan)
+        else:
+            r = self._colocate(groups, sampling, timer, plan)
+        self._collect_end = time.perf_counter()
+        self._acc["scored"] += len(r)
+        if r.truncated is not None:
+            self._acc["cut"] += float(r.truncated.sum())
+        return r
+
+    # the generation of a mode: ``_draw``, ``policy.generate`` with ``_seeds``, ``_kept``
+    def _draw(self, n: int, sampling: Sampling, stream=None) -> tuple[list[dict], Sampling]:
+        """The records of ``n`` prompt groups and their sampling: over-dispatched (more
+        records, decoding stops at ``n`` complete groups), or with ``stream`` = (the
+        ``on_finished`` callback for records, its unit) each finished sample streamed."""
         d = self.dispatch
         records = d.draw(n)
         if d.active:
@@ -220,38 +229,35 @@ class Placement:
         elif stream is not None:
             send, unit = stream
             sampling = replace(sampling, on_finished=send(records), finished_unit=unit)
-        r = ctl.generate(records, sampling)
-        r, used = d.select(r, records, n, sampling.max_new_tokens)
-        ctl.consumed += [rec["_index"] for rec in used]
-        return r
+        return records, sampling
 
-    def generate_and_score(self, ctl, n, sampling, timer):
-        """Generate ``n`` prompt groups on this rank and score them, as the mode says."""
-        if not self._in_step:
-            self._begin_step()
-        plan = self.plan
-        if plan is None or plan.mode == "shared":  # shared (auto may choose it too)
-            if plan is not None:
-                self._unpin(plan)
-            self._phase_start()
-            t0 = time.perf_counter()
-            with timer("generate"):
-                r = self._generate(ctl, n, sampling)
-            self._acc["gen_s"] += time.perf_counter() - t0
-            self._phase_end("generate")
-            self._phase_start()
-            with timer("reward"):
-                r = ctl.score(r)
-            self._phase_end("judge")
-            self._phase_start()
-        elif plan.mode == "partial":
-            r = self._partial(ctl, n, sampling, timer, plan)
-        else:
-            r = self._colocate(ctl, n, sampling, timer, plan)
-        self._collect_end = time.perf_counter()
-        self._acc["scored"] += len(r)
-        if getattr(r, "truncated", None) is not None:
-            self._acc["cut"] += float(r.truncated.sum())
+    def _seeds(self, records: list[dict]) -> list[int]:
+        """Each record's generation seed: its epoch and index (and how often it was
+        carried, with ``redraw_carried``), so a prompt yields the same samples anywhere."""
+        return [record_seed(self.s.seed, r, self.s.redraw_carried) for r in records]
+
+    def _kept(self, r: Rollout, records: list[dict], n: int, sampling: Sampling) -> Rollout:
+        """The first ``n`` complete groups of ``r`` (over-dispatch keeps the rest for the
+        next step); ``r`` itself otherwise."""
+        return self.dispatch.select(r, records, n, sampling.max_new_tokens)[0]
+
+    def _shared(self, n: int, sampling: Sampling, timer: PhaseTimer, plan) -> Rollout:
+        if plan is not None:
+            self._unpin(plan)
+        self._phase_start()
+        t0 = time.perf_counter()
+        with timer("generate"):
+            records, s = self._draw(n, sampling)
+            r = self._kept(
+                self.policy.generate(records, self.G, s, self._seeds(records)), records, n, s
+            )
+        self._acc["gen_s"] += time.perf_counter() - t0
+        self._phase_end("generate")
+        self._phase_start()
+        with timer("reward"):
+            r = self.scorer.score(r)
+        self._phase_end("judge")
+        self._phase_start()
         return r
 
     def _unpin(self, plan: CorePlan) -> None:
@@ -264,41 +270,30 @@ class Placement:
             return
         self._pinned = False
         res.pin_process(plan.cores)
-        res.set_threads(self.cfg.trainer.threads)
+        res.set_threads(self.s.trainer_threads)
         if self.judges is not None:  # placed before it reloads (see _partial)
             self._place_judge(plan.cores, self.judge_threads(plan))
             self.judges.wake()  # a no-op unless colocate dropped the weights
 
-    def _offload(self, ctl):
-        """placement.offload_policy: this controller's PolicyOffload (placement/offload.py),
-        made at its first colocate step; None when not asked for."""
-        if not self.cfg.placement.offload_policy:
-            return None
-        if self.offload is None:
-            from mmyatt.placement.offload import PolicyOffload
-
-            self.offload = PolicyOffload(ctl.policy.module(), ctl.optimizer)
-        return self.offload
-
-    def _colocate(self, ctl, n, sampling, timer, plan: CorePlan):
-        P = self.dist.world_size
-        if self.judges is not None and self.cfg.placement.release_judge:
+    def _colocate(self, n: int, sampling: Sampling, timer: PhaseTimer, plan: CorePlan):
+        release = self.judges is not None and self.s.release_judge
+        if release:
             self.judges.sleep()  # the first colocate step (or one after partial/shared)
         self._pinned = True
-        off = self._offload(ctl)
+        self.offload = off = self._offload  # placement.offload_policy, from now on
         if off is not None:
             with timer("policy_offload"):  # generation needs the weights only
                 off.optimizer_off()
         self._phase_start()
-        res.use_cores(plan.rollout, sharers=P)
+        res.use_cores(plan.rollout, sharers=self.dist.world_size)
         t0 = time.perf_counter()
         with timer("generate"):
-            r = self._generate(ctl, n, sampling)
+            records, s = self._draw(n, sampling)
+            r = self._kept(
+                self.policy.generate(records, self.G, s, self._seeds(records)), records, n, s
+            )
         self._acc["gen_s"] += time.perf_counter() - t0
-        with timer("wait"):  # the long tail: the judge phase starts when all have generated
-            t0 = time.perf_counter()
-            self.dist.barrier()
-            self._acc["wait_s"] += time.perf_counter() - t0
+        self._wait(timer)  # the long tail: the judge phase starts when all have generated
         self._phase_end("generate")
         if off is not None:
             with timer("policy_offload"):  # the judge's phase: the policy waits off the device
@@ -310,16 +305,16 @@ class Placement:
             self._phase_start()
             if self.judges is not None:
                 self._place_judge(plan.judge, self.judge_threads(plan))
-                if self.cfg.placement.release_judge:
+                if release:
                     with timer("judge_reload"):
                         self.judges.wake()
             t0 = time.perf_counter()
             with timer("reward"):
-                r = ctl.score(r)
+                r = self.scorer.score(r)
             self.dist.barrier()  # every controller's requests answered: the judge phase ends
             self._acc["reward_s"] += time.perf_counter() - t0
             self._phase_end("judge")
-            if self.judges is not None and self.cfg.placement.release_judge:
+            if release:
                 with timer("judge_release"):
                     self.judges.sleep()
         finally:  # the policy back on its device, whatever the judge's phase did
@@ -330,9 +325,25 @@ class Placement:
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
 
-    def _partial(self, ctl, n, sampling, timer, plan: CorePlan):
-        P = self.dist.world_size
-        G = self.cfg.sampling.group_size
+    def _wait(self, timer: PhaseTimer) -> None:
+        """Every controller has got here (a barrier), timed as waiting."""
+        with timer("wait"):
+            t0 = time.perf_counter()
+            self.dist.barrier()
+            self._acc["wait_s"] += time.perf_counter() - t0
+
+    def _judge(self, outputs, records, ids):
+        """One streamed judge call: its (rewards, parts) and the judges' verdicts."""
+        return self.scorer(outputs, records, ids), self.scorer.verdicts()
+
+    def _unit(self) -> str:
+        """What is streamed as it finishes: a reward that compares a group's samples
+        (pairwise) waits for the whole group, any other gets each sample."""
+        return "group" if self.scorer.compares_groups else "sample"
+
+    def _partial_start(self, timer: PhaseTimer, plan: CorePlan) -> None:
+        """The judge on its cores (woken if its weights were dropped), generation on the
+        rollout's."""
         self._pinned = True
         self._phase_start()
         if self.judges is not None:
@@ -342,110 +353,113 @@ class Placement:
             self._place_judge(plan.judge, len(plan.judge))
             with timer("judge_reload"):  # a no-op unless colocate or partial_release_judge
                 self.judges.wake()  # dropped the weights
-        res.use_cores(plan.rollout, sharers=P)
+        res.use_cores(plan.rollout, sharers=self.dist.world_size)
 
-        def judge(outputs, records, ids):
-            out = ctl.reward(outputs, records, ids)
-            return out, list(getattr(ctl.reward, "last_verdicts", None) or [])
-
-        if self.merge:
-            return partial_merged(self, ctl, n, sampling, timer, plan, judge)
-        stream = JudgeStream(judge, self.cfg.placement.stream_max_samples)
+    def _partial(self, n: int, sampling: Sampling, timer: PhaseTimer, plan: CorePlan):
+        self._partial_start(timer, plan)
+        G = self.G
+        stream = JudgeStream(self._judge, self.s.stream_max_samples)
         t0 = time.perf_counter()
-        try:
+        with stream:
             with timer("generate"):
-                if self.streams:  # each sample (or group) as it finishes
-                    sends = (lambda recs: stream.on_finished(recs, G), finished_unit(ctl.reward))
-                    r = self._generate(ctl, n, sampling, stream=sends)
+                if self.s.streams:  # each sample (or group) as it finishes
+                    sends = (lambda recs: stream.on_finished(recs, G), self._unit())
+                    records, s = self._draw(n, sampling, stream=sends)
+                    r = self.policy.generate(records, G, s, self._seeds(records))
+                    r = self._kept(r, records, n, s)
                     stream.send_unreported(r)
                 else:  # chunks of placement.stream_groups groups, one generate call each
-                    k, parts = self.cfg.placement.stream_groups, []
+                    k, parts = self.s.stream_groups, []
                     for chunk in [min(k, n - i) for i in range(0, n, k)]:
-                        part = self._generate(ctl, chunk, sampling)
+                        records, s = self._draw(chunk, sampling)
+                        part = self.policy.generate(records, G, s, self._seeds(records))
+                        part = self._kept(part, records, chunk, s)
                         start = sum(len(p) for p in parts)
                         parts.append(part)
-                        stream.send(
-                            range(start, start + len(part)), *(getattr(part, f) for f in FIELDS)
-                        )
+                        rows = range(start, start + len(part))
+                        stream.send(rows, *(getattr(part, f) for f in FIELDS))
                     r = Rollout.concat(parts)
             self._acc["gen_s"] += time.perf_counter() - t0
-            if self.has_judge and self.cfg.placement.widen_judge:
+            if self.has_judge and self.s.widen_judge:
                 self._widen_judge(plan, timer)
-            stream.finish()  # the rest in one call (on every core, widened)
-            t1 = time.perf_counter()
-            with timer("reward"):  # what is left of judging once generation is done
-                results, error = stream.results()
-            self._acc["reward_s"] += time.perf_counter() - t1
-        finally:
-            stream.close()
-        self._acc["chunks"] += len(results)
-        self._agree(ctl, error)
+            results, error = self._judge_rest(stream, timer)
+        self.scorer.agree(error)
         scored, verdicts = in_row_order(results)
-        return self._scored(ctl, r, scored, verdicts, plan, timer)
+        return self._scored(r, scored, verdicts, plan, timer)
 
-    def _agree(self, ctl, error) -> None:
-        """Every controller raises if any one's judge calls failed (a collective)."""
-        from mmyatt.rewards.judge_client import JudgeError
+    def _partial_merged(self, n: int, sampling: Sampling, timer: PhaseTimer, plan: CorePlan):
+        """``merge``: every controller sends its records to the first, which generates all
+        of them in one batch (one process on the rollout cores instead of one per
+        controller taking turns) and streams each finished sample to the judge; then each
+        controller gets back its own samples with their rewards. The samples are those
+        each controller would have generated (generation is seeded per prompt, not per
+        controller) and its data stays its own: only its records (text) and its samples'
+        tensors travel."""
+        self._partial_start(timer, plan)
+        W, first, G = self.dist.world_size, self.dist.is_main, self.G
+        records = self.dispatch.draw(n)
+        t0 = time.perf_counter()
+        with timer("generate"):
+            boxes = gather_records(records, W, first)
+        parts, error = [None] * W, None
+        if first:
+            flat = [rec for box in boxes for rec in box]
+            # each controller's stream would have sent up to stream_max_samples per call
+            # at once: the one stream sends as many as all of theirs
+            stream = JudgeStream(self._judge, self.s.stream_max_samples * W)
+            with stream:
+                with timer("generate"):
+                    send = stream.on_finished(flat, G)
+                    s = replace(sampling, on_finished=send, finished_unit=self._unit())
+                    r = self.policy.generate(flat, G, s, self._seeds(flat))
+                    stream.send_unreported(r)
+                self._acc["gen_s"] += time.perf_counter() - t0
+                if self.has_judge and self.s.widen_judge:  # generation is done
+                    self._place_judge(plan.cores, len(plan.cores))
+                results, error = self._judge_rest(stream, timer)
+            if error is None:
+                parts = rank_parts(r, *in_row_order(results), [len(b) * G for b in boxes])
+        t0 = time.perf_counter()
+        with timer("wait"):  # the others wait here while the first generates
+            mine = scatter_parts(parts, first)
+        if not first:  # idle: its samples were generated (and judged) by the first
+            self._acc["wait_s"] += time.perf_counter() - t0
+        self.scorer.agree(error if first else None)
+        r, scored, verdicts = mine
+        return self._scored(r, scored, verdicts, plan, timer)
 
-        if error is not None and not isinstance(error, JudgeError):
-            raise error
-        ctl.agree_on_judge_error(error)
+    def _judge_rest(
+        self, stream: JudgeStream, timer: PhaseTimer
+    ) -> tuple[list, BaseException | None]:
+        """Generation is done: what is left of judging, in one call (on every core, when
+        the judge was widened); the answers by call and the first error of a call."""
+        stream.finish()
+        t1 = time.perf_counter()
+        with timer("reward"):  # what is left of judging once generation is done
+            results, error = stream.results()
+        self._acc["reward_s"] += time.perf_counter() - t1
+        self._acc["chunks"] += len(results)
+        return results, error
 
-    def _scored(self, ctl, r, scored, verdicts, plan: CorePlan, timer):
-        r = ctl.score(r, scored=scored)
-        if verdicts and hasattr(r, "verdicts"):
-            r.verdicts = verdicts
+    def _widen_judge(self, plan: CorePlan, timer: PhaseTimer) -> None:
+        """Partial, generation done on every controller: the rollout's cores would idle
+        until the judge answers, so the judge takes them (every core of the run, one
+        thread per core) for the calls still queued; the next step places it back. The
+        call under way keeps its thread count (torch applies it per call)."""
+        self._wait(timer)  # the last controller has generated
+        self._place_judge(plan.cores, len(plan.cores))
+
+    def _scored(self, r: Rollout, scored, verdicts, plan: CorePlan, timer: PhaseTimer):
+        r = self.scorer.finish(r, scored, verdicts)
         self._phase_end("generate")
-        if self.cfg.placement.partial_release_judge and self.has_judge:
-            with timer("wait"):  # every controller holds its rewards: the judge may sleep
-                t0 = time.perf_counter()
-                self.dist.barrier()
-                self._acc["wait_s"] += time.perf_counter() - t0
+        if self.s.partial_release_judge and self.has_judge:
+            self._wait(timer)  # every controller holds its rewards: the judge may sleep
             if self.judges is not None:  # training takes its memory too (on a GPU, its device)
                 with timer("judge_release"):
                     self.judges.sleep()
         self._phase_start(judge_too=True)
         res.use_cores(plan.train, sharers=self.train_procs)
         return r
-
-    def _widen_judge(self, plan: CorePlan, timer) -> None:
-        """Partial, generation done on every controller: the rollout's cores would idle
-        until the judge answers, so the judge takes them (every core of the run, one
-        thread per core) for the calls still queued; the next step places it back. The
-        call under way keeps its thread count (torch applies it per call)."""
-        with timer("wait"):
-            t0 = time.perf_counter()
-            self.dist.barrier()  # the last controller has generated
-            self._acc["wait_s"] += time.perf_counter() - t0
-        self._place_judge(plan.cores, len(plan.cores))
-
-    # ------------------------------------------------------------------ balancing
-    def balance(self, r, timer, policy=None):
-        """placement.balance: this rank's share of the step's samples after the
-        Karmarkar-Karp exchange, and max/mean rank work before and after; else ``r``.
-        A VLM's samples travel with their vision features (``policy.encode_media``)."""
-        from mmyatt.step.batches import minibatches
-
-        self._balanced = False
-        if self.exchange is None:
-            return r, {}
-        if self.cfg.model.kind == "vlm":
-            with timer("encode_media"):  # the frozen vision tower, once per prompt
-                r = policy.encode_media(r)
-        with timer("balance"):
-            out, stats = self.exchange.balance(minibatches(r, self.cfg.algorithm.minibatches))
-        self._balanced = True
-        stats["placement/balance_moved"] = float(self.dist.sum(stats["placement/balance_moved"]))
-        return (out if out is not None else r.select([])), stats
-
-    def minibatches(self, r, m: int):
-        """The step's minibatches: as the exchange left them when balanced, else m
-        chunks of whole groups (mmyatt/step/batches.py)."""
-        from mmyatt.step.batches import minibatches
-
-        if self._balanced:
-            return self.exchange.split(r)
-        return minibatches(r, m)
 
     def end_step(self) -> dict:
         """Metrics of the step that just ended: placement/* (mode, split, phase times,
@@ -488,7 +502,7 @@ class Placement:
                 ("collect", self._collect_end - self._t0),
             )
         }
-        cores = len(run_cores(self.cfg.placement)) if self.mode != "shared" else os.cpu_count()
+        cores = self.s.run_cores if self.mode != "shared" else os.cpu_count()
         step = mx["step"]
         plan = self.plan
         out = {
@@ -508,7 +522,7 @@ class Placement:
         out["placement/idle_frac_cores"] = 1.0 - out["placement/cpu_util"]
         threads = self.judge_threads(plan)
         if self.has_judge:
-            n = max(1, self.cfg.reward.judge.num_servers)
+            n = max(1, self.s.judge_servers)
             out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
             out["placement/judge_threads"] = float(threads)
             if plan is not None and plan.mode == "colocate":
@@ -528,11 +542,11 @@ class Placement:
         if self.offload is not None and self.offload.active:  # the moves, both ways
             out["placement/policy_offload_s"] = total["offload_s"] / W
         # judge calls per controller that calls the judge (merged: the first alone)
-        callers = 1 if self.merge else W
+        callers = 1 if self.s.merge else W
         if plan is not None and plan.mode == "partial":
             out["placement/judge_calls"] = total["chunks"] / callers
             # 1: the first controller generated every controller's groups in one batch
-            out["placement/rollout_merged"] = float(self.merge)
+            out["placement/rollout_merged"] = float(self.s.merge)
         if self.dispatch.active:
             out.update(self.dist.sum_many(carry))
         if self.auto is not None:
@@ -556,7 +570,7 @@ class Placement:
         return out
 
     def _peak_keys(self) -> list[str]:
-        if not self.cfg.placement.log_memory:
+        if not self.s.log_memory:
             return []
         phases = ("generate", "judge", "train")
         return [f"peak_{p}" for p in phases] + [f"peak_device_{p}" for p in phases]

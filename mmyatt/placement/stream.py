@@ -1,7 +1,7 @@
 """Partial's side of the judge: the stream that sends finished samples to it while
 generation goes on, the answers put back in the rollout's order, and, for
 ``placement.merge_rollout``, the records gathered to the first controller and each
-controller's samples sent back to it (``placement/merged.py``)."""
+controller's samples sent back to it (``Placement._partial_merged``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,6 @@ import torch.distributed as tdist
 from mmyatt.rollout import prompt_id
 
 FIELDS = ("outputs", "records", "prompt_ids")  # what the judge is sent of each sample
-
-
-def finished_unit(reward) -> str:
-    """What is sent as it finishes: a reward that compares a group's samples (pairwise)
-    waits for the whole group, any other gets each sample."""
-    return "group" if getattr(reward, "compares_groups", True) else "sample"
 
 
 class JudgeStream:
@@ -103,6 +97,12 @@ class JudgeStream:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> JudgeStream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def in_row_order(results) -> tuple[tuple, list]:

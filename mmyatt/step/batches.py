@@ -1,11 +1,17 @@
 """How a step's samples are grouped and cut: group indices, the first groups of a
-batch, minibatches of whole groups. Plain functions of a rollout, shared by the
-controller (mmyatt/step/controller.py) and balanced placement (mmyatt/placement/runner.py)."""
+batch, the minibatches of an update (whole groups, or as ``placement.balance`` moved
+them), and micro-batches of a bounded padded width run as many on every rank. Leaves out
+what runs on each cut (``mmyatt.step.trainer``, ``mmyatt.step.policy_loss``) and how the
+groups move between ranks (``mmyatt.placement.exchange``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from mmyatt.distributed import Lockstep
+from mmyatt.outputs.metrics import PhaseTimer
 from mmyatt.rollout import Rollout
 
 
@@ -149,3 +155,90 @@ def to_count(
         j = max(cand, key=lambda j: (micro_batch_cost(r, out[j], prompt, action), -j))
         out[j : j + 1] = list(_halve(r, units[j], prompt, action))
     return out
+
+
+def micro_parts(r: Rollout | None, budget: int, dist, lockstep: bool) -> list[list[int]]:
+    """This rank's micro-batches of ``r`` (``algorithm.micro_batch_tokens``), as many as
+    the fullest rank's (one all-reduce): every rank runs the same number, some of them
+    empty where a rank has too few rows (``to_count``). On a sharded engine they hold
+    whole prompt groups, so each makes the forwards a minibatch makes, on every rank.
+    ``budget <= 0``: one pass, no collective."""
+    n = 0 if r is None else len(r)
+    if budget <= 0:
+        return [list(range(n))] if n else []
+    parts = token_micro_batches(r, budget, lockstep) if n else []
+    count = max(dist.gather_ints(len(parts)))
+    return to_count(r, parts, count, lockstep) if n else [[] for _ in range(count)]
+
+
+def in_micro_batches(fn, r: Rollout, parts: list[list[int]], idle) -> torch.Tensor:
+    """(N, A) ``fn(r)`` with no gradient, run over ``parts``; an empty part runs
+    ``idle(fn)`` (a sharded engine's filler pass, its result dropped)."""
+    if len(parts) == 1 and parts[0]:  # one pass over every row
+        return fn(r).detach()
+    out = None
+    for rows in parts:
+        if not rows:
+            idle(fn)
+            continue
+        lp = fn(r.select(rows)).detach()
+        if out is None:
+            out = lp.new_zeros((len(r), *lp.shape[1:]))
+        out[torch.as_tensor(rows, device=lp.device)] = lp
+    return out if out is not None else r.mask.new_zeros(r.mask.shape)
+
+
+class MicroBatches:
+    """``algorithm.micro_batch_tokens``: a minibatch's passes cut into micro-batches of at
+    most that many padded tokens, as many on every rank; 0 runs one pass."""
+
+    def __init__(self, budget: int, lockstep: Lockstep):
+        self.budget, self.lockstep = budget, lockstep
+        self.active = budget > 0
+
+    def parts(self, r: Rollout | None) -> list[list[int]]:
+        return micro_parts(r, self.budget, self.lockstep.dist, self.lockstep.active)
+
+    def no_grad(self, fn: Callable[[Rollout], torch.Tensor], r: Rollout) -> torch.Tensor | None:
+        """(N, A) ``fn(r)`` without gradient, micro-batch by micro-batch; None when this
+        rank has no rows to run (after joining the pass a sharded engine needs)."""
+        parts = self.parts(r)
+        if not parts:
+            self.lockstep.idle(fn)
+            return None
+        return in_micro_batches(fn, r, parts, self.lockstep.idle)
+
+
+class Minibatches:
+    """The minibatches of a step's update: ``m`` chunks of whole prompt groups, in order,
+    or with ``exchange`` (``placement.balance``) the groups re-partitioned over the
+    controllers after advantages. ``encode_media``: a VLM's vision tower, run once per
+    prompt before its samples move (features travel, never pixels)."""
+
+    def __init__(self, m: int, exchange=None, encode_media: Callable | None = None):
+        self.m, self.exchange, self.encode_media = m, exchange, encode_media
+        self._balanced = False
+
+    def balance(self, r: Rollout, timer: PhaseTimer) -> tuple[Rollout, dict[str, float]]:
+        """This rank's share of the step's samples after the exchange, and the ranks' work
+        before and after; ``r`` itself without an exchange."""
+        self._balanced = False
+        if self.exchange is None:
+            return r, {}
+        if self.encode_media is not None:
+            with timer("encode_media"):  # the frozen vision tower, once per prompt
+                r = self.encode_media(r)
+        with timer("balance"):
+            out, stats = self.exchange.balance(minibatches(r, self.m))
+        self._balanced = True
+        return (out if out is not None else r.select([])), stats
+
+    @property
+    def balanced(self) -> bool:
+        """The last step's samples were exchanged (this rank trains on others' samples)."""
+        return self._balanced
+
+    def split(self, r: Rollout) -> list[Rollout | None]:
+        if self._balanced:
+            return self.exchange.split(r)
+        return minibatches(r, self.m)

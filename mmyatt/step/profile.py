@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+from mmyatt.algorithms import advantages, kl, losses
+from mmyatt.engines import adapter_of
+
 MODEL_KINDS = ("forward", "backward", "optimizer", "sampling")
 # reported in this order; "other" is the step time outside every timed call
 KINDS = (*MODEL_KINDS, "reward", "communication", "outputs", "loss", "other")
@@ -110,24 +113,18 @@ class StepProfile:
 def instrument_common(prof: StepProfile, optimizer=None, reward=None) -> None:
     """Timers on what every step has: ``Tensor.backward``, gradient clipping, the
     optimizer's ``step`` and ``zero_grad``, and the loss math of ``mmyatt.algorithms``."""
-    from mmyatt import algorithms as alg
-
     prof.patch(torch.Tensor, "backward", "backward")
     prof.patch(torch.nn.utils, "clip_grad_norm_", "optimizer")
     if optimizer is not None:
         prof.patch(optimizer, "step", "optimizer")
         prof.patch(optimizer, "zero_grad", "optimizer")
-    for name in (
-        "ppo_clip_loss",
-        "aggregate_loss",
-        "loss_terms",
-        "masked_mean",
-        "kl_penalty",
-        "compute_advantages",
-        "grpo_advantages",
+    for module, names in (
+        (losses, ("ppo_clip_loss", "aggregate_loss", "loss_terms", "masked_mean")),
+        (kl, ("kl_penalty",)),
+        (advantages, ("compute_advantages", "grpo_advantages")),
     ):
-        if hasattr(alg, name):
-            prof.patch(alg, name, "loss")
+        for name in names:
+            prof.patch(module, name, "loss")
 
 
 def instrument_text_policy(prof: StepProfile, policy) -> None:
@@ -149,7 +146,7 @@ def instrument_flow_policy(prof: StepProfile, policy) -> None:
     prof.patch(policy.transformer, "forward", "forward")
     if policy.text_encoder is not None:
         prof.patch(policy.text_encoder, "forward", "forward")
-    if getattr(policy, "vae", None) is not None:
+    if policy.vae is not None:
         prof.patch(policy, "to_pixels", "forward")
     for name in ("sde_step", "cps_step", "euler_step"):
         prof.patch(flow, name, "sampling")
@@ -161,13 +158,12 @@ def profile_controller(ctl, out: str | Path) -> StepProfile:
     (JSON: per-step seconds by kind and the summary)."""
     prof = StepProfile()
     instrument_common(prof, ctl.optimizer)
-    from mmyatt.engines import adapter_of
     from mmyatt.models.text import TextPolicy
 
     policy = adapter_of(ctl.policy)  # under a sharding or a vLLM rollout engine
     if isinstance(policy, TextPolicy):
         instrument_text_policy(prof, policy)
-    ctl.reward = prof.timed("reward", ctl.reward)
+    prof.patch(type(ctl.scorer.reward), "__call__", "reward")
     for name in ("sum", "sum_many", "sum_grads", "any", "gather_ints", "barrier"):
         prof.patch(ctl.dist, name, "communication")
     step = ctl.step
