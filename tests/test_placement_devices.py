@@ -116,7 +116,9 @@ def test_train_refuses_judge_gpus_before_it_prepares_anything(tmp_path):
 
     if cuda_count():
         pytest.skip("this machine has CUDA devices")
-    rd = tmp_path / "run"
+    rd, judge = tmp_path / "run", tmp_path / "judge"
+    judge.mkdir()  # load_config checks the judge folder exists
+    judged = ["reward.functions=[{name: genrm}]", f"reward.judge.model={judge}"]
     with pytest.raises(ConfigError, match="names GPUs, but this machine has no CUDA device"):
-        train(None, [*JUDGE, "reward.judge.devices=['0']"], str(rd))
+        train(None, [*judged, "reward.judge.devices=['0']"], str(rd))
     assert not rd.exists()
