@@ -5,20 +5,38 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
+import boundaries
 import pytest
 from bandit_policy import BanditPolicy
 
+from mmyatt.engines.fsdp2 import EnginePolicy, FSDP2Engine
+from mmyatt.engines.megatron import MegatronEngine
+from mmyatt.engines.megatron_group import GroupReward
+from mmyatt.engines.megatron_policy import MegatronTextPolicy
+from mmyatt.engines.replica import ReplicaEngine
+from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.protocols import (
     EMA,
     ClosedFormKL,
+    Engine,
     LatentOutputs,
+    LockstepEngine,
     Policy,
+    PolicyWrapper,
     ReferenceKL,
+    Reward,
+    RolloutStats,
     SupervisedPolicy,
+    adapter_of,
+    capable,
     protocol_methods,
     require,
 )
+from mmyatt.rewards.genrm import GenRMReward
+from mmyatt.rewards.mixture import RewardMixture
+from mmyatt.rewards.rules import WeightedReward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,12 +135,97 @@ def test_adapters_import_only_engine_modules_that_import_no_adapter():
     assert not _engine_imports(ROOT / "mmyatt" / "rollout.py")
 
 
-def test_the_engine_does_not_probe_policies_with_hasattr():
-    for name in ("step/controller.py", "step/run.py", "checkpoint/checkpointer.py", "step/sft.py"):
-        for node in ast.walk(ast.parse((ROOT / "mmyatt" / name).read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr":
-                target = ast.unparse(node.args[0])
-                assert "policy" not in target, f"{name}:{node.lineno}: hasattr({target}, ...)"
+# What remains in the placement, step and bench code, per file: none may be added there
+# (a fix only lowers a count), and every other file of the library has none.
+KNOWN_PRIVATE = {"mmyatt/bench/faults.py": 16, "mmyatt/placement/merged.py": 7}
+KNOWN_PRIVATE |= {"mmyatt/placement/bench.py": 3, "mmyatt/placement/bench_memory.py": 2}
+KNOWN_UNDECLARED = {"mmyatt/step/profile.py": 4}  # the profiler patches adapter modules
+KNOWN_PROBES = {"mmyatt/step/controller.py": 2, "mmyatt/step/profile.py": 1}
+KNOWN_PROBES |= {"mmyatt/placement/runner.py": 1, "mmyatt/placement/stream.py": 1}
+KNOWN_PROBES |= {"mmyatt/bench/engines.py": 1}
+
+
+def _by_file(hits: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for hit in hits:
+        out[hit.split(":")[0]] = out.get(hit.split(":")[0], 0) + 1
+    return out
+
+
+def _within(hits: list[str], known: dict[str, int]) -> None:
+    for file, n in _by_file(hits).items():
+        assert n <= known.get(file, 0), [h for h in hits if h.startswith(file + ":")]
+
+
+def test_no_engine_module_reaches_into_another_objects_private_state():
+    _within(boundaries.private_reaches(boundaries.library_files(["mmyatt"])), KNOWN_PRIVATE)
+
+
+def test_every_member_the_engine_uses_on_a_policy_or_reward_is_declared():
+    engine = boundaries.library_files(["mmyatt"])
+    hits = boundaries.undeclared_members(engine, boundaries.declared_members())
+    _within(hits, KNOWN_UNDECLARED)
+
+
+def test_no_hasattr_or_getattr_probing_of_policies_and_rewards_and_no_forwarding():
+    hits = boundaries.probes(boundaries.library_files(), boundaries.declared_members())
+    _within(hits, KNOWN_PROBES)
+
+
+def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
+    """Each check finds the thing it forbids in a module written to break it."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "def step(policy, reward, other):\n"
+        "    policy._banned\n"
+        "    policy.stats_of_mine\n"
+        "    hasattr(policy, 'ema_state')\n"
+        "    getattr(other, 'compares_groups', False)\n"
+        "    def inner():\n"
+        "        from mmyatt.rollout import Rollout\n"
+        "class Wrapper:\n"
+        "    def __getattr__(self, name):\n"
+        "        return 1\n"
+    )
+    monkeypatch.setattr(boundaries, "ROOT", tmp_path)
+    declared = boundaries.declared_members(ROOT / "mmyatt" / "protocols.py")
+    assert {"ema_state", "compares_groups", "banned_tokens", "produce"} <= declared
+    assert len(boundaries.private_reaches([bad])) == 1
+    assert [h.split(": ")[1] for h in boundaries.undeclared_members([bad], declared)] == [
+        "policy._banned",
+        "policy.stats_of_mine",
+    ]
+    assert len(boundaries.probes([bad], declared)) == 3
+    assert len(boundaries.function_level_imports([bad])) == 1
+
+
+def test_no_import_cycle_through_the_engines_the_adapters_the_rewards_or_the_datasets():
+    mine = ("mmyatt.engines", "mmyatt.models", "mmyatt.rewards", "mmyatt.datasets")
+    for cycle in boundaries.import_cycles(boundaries.library_files()):
+        assert not [m for m in cycle if m.startswith(mine) or m == "mmyatt.protocols"], cycle
+
+
+def test_no_function_level_imports_of_the_project_in_the_adapters_rewards_and_engines():
+    files = [
+        *sorted((ROOT / "models").glob("*.py")),
+        *[p for p in sorted((ROOT / "rewards").glob("*.py")) if not p.name.startswith("judge_")],
+        *sorted((ROOT / "mmyatt" / "engines").glob("*.py")),
+    ]
+    assert boundaries.function_level_imports(files) == []
+
+
+def test_wrappers_declare_what_they_forward_and_capabilities_are_the_adapters():
+    bandit = BanditPolicy()
+    wrapped = VLLMRolloutPolicy(EnginePolicy(bandit, engine=None), None, None, None, llm=object())
+    assert adapter_of(wrapped) is bandit and isinstance(wrapped, PolicyWrapper)
+    assert capable(wrapped, ReferenceKL) and not capable(wrapped, EMA)
+    assert isinstance(wrapped, RolloutStats) and not capable(wrapped, RolloutStats)
+    with pytest.raises(TypeError, match="EMA capability; BanditPolicy lacks ema_state"):
+        require(wrapped, EMA, "model.ema_decay=0.9")
+    for cls in (EnginePolicy, VLLMRolloutPolicy, MegatronTextPolicy):
+        assert "__getattr__" not in vars(cls) and not any(
+            "__getattr__" in vars(b) for b in cls.__mro__[1:-1]
+        )
 
 
 def test_media_prompts_marks_a_vlm_under_the_engine_wrappers():
@@ -133,3 +236,17 @@ def test_media_prompts_marks_a_vlm_under_the_engine_wrappers():
     vlm = VLMPolicy.load(str(ROOT / "models" / "builtin" / "tiny_judge"))
     assert is_vlm(vlm) and is_vlm(EnginePolicy(vlm, engine=None))
     assert not is_vlm(BanditPolicy()) and not is_vlm(EnginePolicy(BanditPolicy(), engine=None))
+
+
+def test_engines_rewards_and_the_placement_implement_their_protocols():
+    train = SimpleNamespace(tensor_parallel=1, pipeline_parallel=1)
+    for engine in (ReplicaEngine(None), FSDP2Engine(None, train), MegatronEngine(None, train)):
+        assert isinstance(engine, Engine), type(engine).__name__
+    assert isinstance(FSDP2Engine(None, train), LockstepEngine)
+    assert not isinstance(ReplicaEngine(None), LockstepEngine)
+    rule = WeightedReward([{"name": "exact_match"}])
+    judge = GenRMReward("http://127.0.0.1:9", template="yes_no_correct", model="judge")
+    mixture = RewardMixture([("rule", rule, 1.0, False), ("genrm", judge, 1.0, False)])
+    for reward in (rule, judge, mixture, GroupReward(mixture, 0, None)):
+        assert isinstance(reward, Reward), type(reward).__name__
+    assert mixture.names == ["rule", "genrm", "genrm_parse_failed"]
