@@ -18,24 +18,29 @@ def _group_rank(rank: int, port: int, out: str) -> None:
     import torch.distributed as tdist
 
     from mmyatt.engines.megatron_group import GroupReward
-    from mmyatt.serving.client import JudgeError, JudgeUnavailableError
     from mmyatt.rewards.mixture import RewardMixture
+    from mmyatt.serving.client import JudgeError, JudgeUnavailableError
 
     os.environ["OMP_NUM_THREADS"] = "1"
     tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = []
 
-    def scored(outputs, records, prompt_ids=None):  # a different answer on every rank
-        calls.append(len(outputs))
-        if records[0].get("fail") == "judge":
-            raise JudgeUnavailableError("judge down", ["http://x"], None)
-        if records[0].get("fail") == "bug":
-            raise ValueError("a bug")
-        v = torch.tensor([10.0 * rank + i for i in range(len(outputs))])
-        return v, {"extra": v + 0.5}
+    class Scored:  # a Reward with a different answer on every rank
+        names: list[str] = []
+        reads_latents = compares_groups = False
+        last_verdicts: list[dict] = []
+
+        def __call__(self, outputs, records, prompt_ids=None):
+            calls.append(len(outputs))
+            if records[0].get("fail") == "judge":
+                raise JudgeUnavailableError("judge down", ["http://x"], None)
+            if records[0].get("fail") == "bug":
+                raise ValueError("a bug")
+            v = torch.tensor([10.0 * rank + i for i in range(len(outputs))])
+            return v, {"extra": v + 0.5}
 
     group = tdist.new_group([0, 1], backend="gloo")
-    reward = GroupReward(RewardMixture([("r", scored, 2.0, False)]), 0, group)
+    reward = GroupReward(RewardMixture([("r", Scored(), 2.0, False)]), 0, group)
     got = {"names": reward.names}
     total, parts = reward(["a", "b", "c"], [{}] * 3)
     got.update(total=total, parts=parts, verdicts=reward.last_verdicts)
