@@ -109,6 +109,9 @@ def test_calibrate_reads_each_role_from_the_arm_that_ran_it(tmp_path):
     path = tmp_path / "placement.json"
     path.write_text(json.dumps(measured))
     out = bench_placement_sim(quick=True, measured_path=path)
+    assert out["measured"] == "placement.json"  # outside the checkout: the name, no path
+    committed = bench_placement_sim(quick=True)  # the committed figures, named in the repo
+    assert committed["measured"] == "results/bench/placement.json"
     assert {(r["workload"], r["mode"]) for r in out["validation"]} == {
         (w, m) for w in ("judge_heavy", "rollout_heavy") for m in ("shared", "colocate", "partial")
     }

@@ -98,10 +98,9 @@ def _base(policy: Path, steps: int) -> list[str]:
         "distributed.nproc=2",
         "placement.profile_steps=2",  # auto: medians of 2 measured steps per plan
         "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
-        # colocate's judge phase on every core (its default). Runs before 2026-12-03
-        # 18:30 UTC held it to 1 thread (a 2-thread judge was ~11x slower when other jobs
-        # shared the 2 cores); on a quiet machine it is faster, and partial's judge takes
-        # both cores once generation ends (bench/placement/colocate_judge_threads.json)
+        # colocate's judge phase on every core (its default): on quiet cores a judge on
+        # both is faster than on one, and partial's judge takes both cores once generation
+        # ends. On cores under other load a 2-thread judge can be many times slower.
         f"placement.judge_threads={COLOCATE_JUDGE_THREADS}",
     ]
 

@@ -209,12 +209,21 @@ def calibrate(
     )
 
 
+def _shown(path: Path) -> str:
+    """The measured file as the result names it: relative to the checkout when inside it,
+    so a committed result holds no path of the machine it was made on."""
+    try:
+        return str(path.resolve().relative_to(RESULTS.parents[1]))
+    except ValueError:
+        return path.name
+
+
 def bench_placement_sim(quick: bool = False, measured_path: str | Path | None = None) -> dict:
     path = Path(measured_path or RESULTS / "placement.json")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: run `mmyatt bench placement --out {path}` first")
     measured = json.loads(path.read_text())
-    out: dict = {"benchmark": "placement-sim", "machine": machine(), "measured": str(path)}
+    out: dict = {"benchmark": "placement-sim", "machine": machine(), "measured": _shown(path)}
     rows = []
     controllers = int(measured.get("controllers", 2))  # the bench's --set distributed.nproc
     for wl in ("judge_heavy", "judge_comparable", "rollout_heavy"):
