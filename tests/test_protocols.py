@@ -17,6 +17,7 @@ from mmyatt.engines.megatron_group import GroupReward
 from mmyatt.engines.megatron_policy import MegatronTextPolicy
 from mmyatt.engines.replica import ReplicaEngine
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
+from mmyatt.placement import runner
 from mmyatt.protocols import (
     EMA,
     ClosedFormKL,
@@ -34,6 +35,7 @@ from mmyatt.protocols import (
     protocol_methods,
     require,
 )
+from mmyatt.protocols import Placement as PlacementProtocol
 from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rewards.rules import WeightedReward
@@ -248,3 +250,10 @@ def test_engines_rewards_and_the_placement_implement_their_protocols():
     for reward in (rule, judge, mixture, GroupReward(mixture, 0, None)):
         assert isinstance(reward, Reward), type(reward).__name__
     assert mixture.names == ["rule", "genrm", "genrm_parse_failed"]
+    assert issubclass(runner.Placement, PlacementProtocol)
+    assert protocol_methods(PlacementProtocol) == [
+        "end_step",
+        "load_state_dict",
+        "produce",
+        "state_dict",
+    ]
