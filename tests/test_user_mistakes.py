@@ -2,8 +2,8 @@
 subprocess, recipes with 2 controllers as shipped), each answered by one line on stderr
 that names the file, line or key, exit code 2, no traceback, and nothing trained.
 
-The fast cases fail before any controller starts; they run side by side (a few at a
-time) in one module fixture. The case a controller finds (an image that exists but does
+The fast cases fail before any controller starts (about 6 s of CPU each, mostly
+imports); they run side by side, 4 at a time, in one module fixture. The case a controller finds (an image that exists but does
 not decode, read only inside the controller that owns its record) starts 2 controllers
 and the tiny VLM, about a minute and a half on a loaded 2-core machine: marked slow.
 """
@@ -154,6 +154,10 @@ def nothing_trained(run: Path) -> bool:
     return not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
 
 
+# the first case waits for the whole table: 19 processes of about 6 s of CPU each (most of
+# it importing torch and transformers), 4 at a time; under a load of 30 on 2 cores that
+# took 19 minutes
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
 def test_a_mistake_is_one_line_and_exit_2(mistake, answers):
     proc, run = answers[mistake.name]
