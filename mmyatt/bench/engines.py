@@ -37,7 +37,7 @@ from mmyatt.models.builtin import tiny_vlm
 from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
-from mmyatt.protocols import Sampling
+from mmyatt.protocols import RolloutStats, Sampling
 
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16
 
@@ -180,7 +180,7 @@ def run_arm(
         upd_s.append(t2 - t1)
         tok_gen.append(float(r.mask.sum()))
         tok_proc.append(float(r.context["input_ids"].numel()))
-        if hasattr(policy, "timings"):
+        if isinstance(policy, RolloutStats):  # a vLLM rollout engine: its weight-sync time
             syncs.append(dict(policy.timings))
     gen, upd = statistics.median(gen_s), statistics.median(upd_s)
     out = {
