@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -76,6 +77,8 @@ from mmyatt.models.builtin.flow_tiny import build_tiny_flow_model
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.protocols import Sampling, prompt_seed
 from mmyatt.step.lr_schedule import cosine_schedule
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["evaluate_alignment", "evaluate_geneval", "pretrain_flow", "shape_vocab"]
 
@@ -328,17 +331,16 @@ def _train(
     gen = torch.Generator().manual_seed(seed)
     n_params = sum(p.numel() for p in policy.transformer.parameters())
     n_text = sum(p.numel() for p in policy.text_encoder.parameters())
-    print(
+    logger.info(
         f"pretrain {kind}: transformer {n_params:,} params, text encoder {n_text:,}, "
-        f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}",
-        flush=True,
+        f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}"
     )
     recent: list[float] = []
     t_train = time.time()
     done = 0
     for step in range(steps):
         if max_minutes is not None and time.time() - t_train > 60 * max_minutes:
-            print(f"stopping at step {step}: max_minutes {max_minutes} reached", flush=True)
+            logger.info(f"stopping at step {step}: max_minutes {max_minutes} reached")
             break
         batch = _batch(
             kind if task == "shapes" else task, batch_size, policy.image_size, num_frames, rng
@@ -354,12 +356,11 @@ def _train(
         done = step + 1
         if done in snapshots:
             _save_on_cpu(policy, out / f"step{done}", device)
-            print(f"snapshot saved: {out / f'step{done}'}", flush=True)
+            logger.info(f"snapshot saved: {out / f'step{done}'}")
         if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
-            print(
+            logger.info(
                 f"step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
-                f"{time.time() - t_train:.0f}s",
-                flush=True,
+                f"{time.time() - t_train:.0f}s"
             )
     train_s = time.time() - t_train
     policy.text_encoder.eval().requires_grad_(False)
@@ -370,13 +371,15 @@ def _train(
     evals = {}
     if task == "geneval":
         evals["geneval_val"] = evaluate_geneval(policy, denoise_steps=eval_steps)
-        print(f"eval geneval (validation): {json.dumps(evals['geneval_val'])}")
+        logger.info(f"eval geneval (validation): {json.dumps(evals['geneval_val'])}")
         eval_guidance = ()
     for g in eval_guidance:
         evals[f"cfg{g}"] = evaluate_alignment(
             policy, n=eval_samples, denoise_steps=eval_steps, guidance_scale=g
         )
-        print(f"eval cfg {g}: " + ", ".join(f"{k} {v:.3f}" for k, v in evals[f"cfg{g}"].items()))
+        logger.info(
+            f"eval cfg {g}: " + ", ".join(f"{k} {v:.3f}" for k, v in evals[f"cfg{g}"].items())
+        )
     metrics = {
         "kind": kind,
         "task": task,
@@ -407,6 +410,7 @@ def _save_on_cpu(policy: FlowPolicy, path: Path, device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # progress on stderr
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
     ap.add_argument("--kind", default="sd3-image", choices=["sd3-image", "flux-image", "wan-video"])
