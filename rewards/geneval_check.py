@@ -8,7 +8,9 @@ relation from their boxes.
 1. **Objects by colour.** Foreground pixels are the saturated, bright ones
    (``image.foreground_mask``); each takes the nearest palette hue. Per hue, the mask is
    opened with a 3x3 cross (ragged rims, one-pixel bridges and specks go) and split into
-   4-connected components; a component of at least ``MIN_AREA`` of the image is an object.
+   4-connected components; a component of at least ``MIN_AREA`` of the image (37 px of
+   a 48x48 one) is an object; smaller ones, such as a generator's patch-sized specks,
+   are not.
    A component that spans almost the whole frame on both axes (``FRAME_SPAN``) is a
    coloured background, not an object.
 2. **Shape** from three numbers of the component's bounding box: the fraction it fills
@@ -52,7 +54,10 @@ __all__ = [
     "shape_features",
 ]
 
-MIN_AREA = 0.005  # of the image: smaller components are specks (12 px of a 48x48 image)
+# Of the image: smaller components are specks, not objects (37 px of a 48x48 image; the
+# task's smallest object, a triangle of half-extent 0.11 x 48, covers about 56 px). A
+# generator's patch-sized specks (6x6 = 36 px) would otherwise pass as small squares.
+MIN_AREA = 0.016
 FRAME_SPAN = 0.9  # a component this wide AND this tall (of the frame) is a background
 CORNER = 0.25  # corner regions: this fraction of the box's width and height
 

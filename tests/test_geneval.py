@@ -283,3 +283,25 @@ def _combo(prompt: str) -> tuple:
         return (a["shape"], rest[0]["shape"])
     b = rest[0]
     return (a["colour"], a["shape"], p["relation"], b["colour"], b["shape"])
+
+
+def test_patch_sized_specks_are_not_objects():
+    """A generator's failure mode: scattered 6x6 specks in the palette's colours. A speck
+    is no object, so a speckled image passes (almost) nothing, and a drawn scene still
+    passes."""
+    rng = np.random.default_rng(0)
+    colours = list(COLOURS.values())
+
+    def speckle() -> Image.Image:
+        a = np.zeros((48, 48, 3), np.uint8)
+        a[:] = BACKGROUND
+        for _ in range(int(rng.integers(5, 20))):
+            x, y = rng.integers(0, 8, 2) * 6
+            a[y : y + 6, x : x + 6] = colours[int(rng.integers(6))]
+        return Image.fromarray(a).filter(ImageFilter.GaussianBlur(0.6))
+
+    recs = ge.geneval_records(100, 11, heldout="test")
+    assert np.mean([gc.check(speckle(), r)["correct"] for r in recs]) <= 0.05
+    img, d = _canvas()
+    _square(d, "red", 24, 24, 3)  # a 6x6 square alone: a speck
+    assert gc.find_objects(img) == []
