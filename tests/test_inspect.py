@@ -3,6 +3,7 @@ the judge's verdicts as GenRMReward and RewardMixture expose them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -13,7 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
+from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.outputs.rollout_log import truncate_rollouts, write_rollouts
+from mmyatt.outputs.trackers import make_logger  # also registers the trackers' config check
 from mmyatt.report.html import write_report
 from mmyatt.report.inspect import load_run
 from mmyatt.rewards.genrm import GenRMReward
@@ -204,10 +207,6 @@ def check_report(html: str, run) -> None:
 
 
 def test_requested_tracker_that_is_missing_names_the_install_command():
-    import importlib.util
-
-    from mmyatt.config.schema import ConfigError, load_config
-
     missing = [m for m in ("wandb", "mlflow") if importlib.util.find_spec(m) is None]
     if not missing:
         pytest.skip("wandb and mlflow are both installed")
@@ -218,8 +217,6 @@ def test_requested_tracker_that_is_missing_names_the_install_command():
 
 def log_to_trackers(tmp_path: Path, tracker: str):
     """A logger with one tracker: two steps of scalars, an eval grid, a rollout table."""
-    from mmyatt.config.schema import load_config
-    from mmyatt.outputs.trackers import make_logger
 
     cfg = load_config(None, [f"logging.trackers=[{tracker}]", "name=tracked"])
     logger = make_logger(cfg, tmp_path, enabled=True)

@@ -4,12 +4,13 @@ on a tiny GenRM job holds every logged sample with its rewards and verdicts.
 One tiny GenRM job (Flow-GRPO on builtin:tiny_t2i judged by builtin:tiny_judge, 3 steps,
 2 controllers) serves both the report test and reward_inspection.ipynb (through
 MMYATT_RUN; without it the notebook trains the same job itself). Notebooks are stored
-without outputs (checked here)."""
+with the outputs of a run (checked here), reward_inspection's from a run of the demo."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +58,25 @@ def genrm_run(tmp_path_factory) -> Path:
     return run
 
 
-def test_notebooks_are_stored_without_outputs():
+def test_notebooks_are_stored_with_outputs_that_hold_no_machine_paths():
+    """Readable on a code host without running them: every notebook is stored with the
+    outputs of a run (reward_inspection's of a run of the shipped demo), a figure among
+    them, and no path of the machine that ran it."""
     for name in NAMES:
         nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-        for i, cell in enumerate(nb.cells):
-            if cell.cell_type == "code":
-                assert not cell.outputs and cell.execution_count is None, (
-                    f"notebooks/{name} cell {i} has outputs; strip them before committing"
-                )
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(c.execution_count is not None for c in code), f"{name} is not run"
+        outputs = [o for c in code for o in c.outputs]
+        assert not [o for o in outputs if o.get("output_type") == "error"], name
+        assert any("image/png" in o.get("data", {}) for o in outputs), name
+        text = "".join(  # what a reader sees, without the images' base64 data
+            re.sub(r"data:[a-z/]+;base64,[A-Za-z0-9+/=]+", "", "".join(v))
+            for o in outputs
+            for k, v in [("text", o.get("text", "")), *o.get("data", {}).items()]
+            if k == "text" or k.startswith("text/")
+        )
+        for path in (str(ROOT), "/tmp/", "/home/"):
+            assert path not in text, f"notebooks/{name} shows a machine path ({path})"
 
 
 def test_rollout_log_and_html_report_of_a_genrm_job(genrm_run):

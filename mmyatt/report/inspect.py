@@ -215,12 +215,12 @@ class Run:
 
     def disagreements(self, judge: str | None = None, check: str | None = None) -> pd.DataFrame:
         """Samples scored by a judge and a check, largest |verdict - check| first: columns
-        step, rank, prompt, judge, check, gap (judge - check), raw, plus the row index in
-        ``rollouts`` (``row``). Meaningful when both are in [0, 1] (P(Yes), rule hits,
+        step, rank, prompt, judge, check, gap (judge - check), why (the judge's reasons,
+        :func:`judge_reasons`, in one line), plus the row index in ``rollouts`` (``row``). Meaningful when both are in [0, 1] (P(Yes), rule hits,
         critic probabilities)."""
         judge = judge or (self.judge_terms[0] if self.judge_terms else None)
         check = check or (self.check_terms[0] if self.check_terms else None)
-        cols = ["row", "step", "rank", "prompt", "judge", "check", "gap", "raw"]
+        cols = ["row", "step", "rank", "prompt", "judge", "check", "gap", "why"]
         if judge is None or check is None:
             return pd.DataFrame(columns=cols)
         r = self.rollouts
@@ -232,7 +232,10 @@ class Run:
                 "prompt": r["prompt"],
                 "judge": r[f"verdict/{judge}"],
                 "check": r[f"part/{check}"],
-                "raw": r.get(f"raw/{judge}"),
+                "why": [
+                    "; ".join(judge_reasons(v))
+                    for v in r.get(f"judgement/{judge}", [None] * len(r))
+                ],
             }
         ).dropna(subset=["judge", "check"])
         df["gap"] = df["judge"] - df["check"]
