@@ -14,6 +14,7 @@ the same code path.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+logger = logging.getLogger(__name__)
 
 
 class Dist:
@@ -237,7 +240,7 @@ def init_from_env(backend: str = "auto", device: str = "auto") -> Dist:
     line = out.describe()
     if out.is_main and line not in _announced:
         _announced.append(line)
-        print(line, flush=True)
+        logger.info(line)
     return out
 
 

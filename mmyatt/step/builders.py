@@ -385,7 +385,9 @@ def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
         return out
     if cfg.model.kind == "flow":
         raise ValueError("model.path is required for flow models (e.g. builtin:tiny_t2i)")
-    manifest = ShardedManifest(manifest_paths(cfg.data.train), shuffle=False)
+    manifest = ShardedManifest(
+        manifest_paths(cfg.data.train), shuffle=False, bad_lines=cfg.data.bad_lines
+    )
     recs = manifest.eval_records(5000)
     t0 = time.perf_counter()
     if cfg.model.kind == "vlm":
