@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -58,12 +59,13 @@ def gpus(monkeypatch):
     return have
 
 
-def test_auto_puts_one_controller_on_the_gpu(gpus, capsys):
+def test_auto_puts_one_controller_on_the_gpu(gpus, caplog):
     chosen = gpus(1)
-    d = init_from_env()
+    with caplog.at_level(logging.INFO, logger="mmyatt"):
+        d = init_from_env()
     assert (d.rank, d.world_size, d.device) == (0, 1, torch.device("cuda:0"))
     assert chosen == [torch.device("cuda:0")]
-    assert "[device] controller 0 of 1 on cuda:0" in capsys.readouterr().out
+    assert "[device] controller 0 of 1 on cuda:0" in caplog.text
 
 
 def test_auto_without_cuda_is_the_cpu(gpus):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 
@@ -183,7 +184,7 @@ def assert_trained(rows: list[dict], steps: int) -> None:
 
 
 @pytest.mark.parametrize("recipe", sorted(TRAIN))
-def test_one_controller_trains_on_cuda(tmp_path, monkeypatch, capsys, recipe):
+def test_one_controller_trains_on_cuda(tmp_path, monkeypatch, caplog, recipe):
     """`mmyatt train` with one controller and the default `distributed.device=auto`
     (run in this process, as the CLI does for one controller): the policy it trains
     lives on the GPU, and its weights move."""
@@ -191,6 +192,7 @@ def test_one_controller_trains_on_cuda(tmp_path, monkeypatch, capsys, recipe):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(distributed, "_announced", [])  # say it again in this process
+    caplog.set_level(logging.INFO, logger="mmyatt")
     probe = PolicyProbe(monkeypatch)
     steps, rd = 3, tmp_path / "run"
     assert train(str(ROOT / "configs" / recipe), small_run(recipe, steps), str(rd)) == 0
@@ -205,7 +207,7 @@ def test_one_controller_trains_on_cuda(tmp_path, monkeypatch, capsys, recipe):
     assert_trained(rows, steps)
     assert (rd / "checkpoints" / "final").exists()
     expected = "cuda:0" if DEV == "cuda" else "cpu"
-    assert f"[device] controller 0 of 1 on {expected}\n" in capsys.readouterr().out
+    assert f"[device] controller 0 of 1 on {expected}" in caplog.text
 
 
 @pytest.mark.skipif(DEV == "cuda" and torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
