@@ -5,6 +5,7 @@ did not finish its steps."""
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -181,20 +182,22 @@ def _write_run(tmp_path, done: int, planned: int, cut: bool):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_summary_flags_a_run_cut_by_its_time_budget(tmp_path, capsys):
+def test_summary_flags_a_run_cut_by_its_time_budget(tmp_path, caplog):
     _write_run(tmp_path, 150, 200, True)
-    out = print_summary(tmp_path)
-    text = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="mmyatt"):
+        out = print_summary(tmp_path)
+    text = caplog.text
     assert "INCOMPLETE" in text and "150/200" in text and "max_minutes" in text
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved == out and saved["steps_done"] == 150 and saved["cut_by_time"] is True
     assert saved["metrics"]["eval/quality/background_hf"]["ratio"] == pytest.approx(1.5)
 
 
-def test_summary_of_a_finished_run(tmp_path, capsys):
+def test_summary_of_a_finished_run(tmp_path, caplog):
     _write_run(tmp_path, 200, 200, False)
-    print_summary(tmp_path)
-    text = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="mmyatt"):
+        print_summary(tmp_path)
+    text = caplog.text
     assert "steps 200/200" in text and "INCOMPLETE" not in text
 
 

@@ -301,7 +301,7 @@ def test_partial_release_judge_needs_partial_steps_and_a_judge():
         check([*JUDGE, f"placement.mode={mode}", "placement.partial_release_judge=true"])
 
 
-def test_a_judge_that_cannot_release_is_reported_once_and_kept_loaded(capsys):
+def test_a_judge_that_cannot_release_is_reported_once_and_kept_loaded(caplog):
     """A server without /sleep (e.g. `vllm serve` without its sleep mode): the first
     release reports it, and later releases and wakes make no call and cost nothing."""
     import threading
@@ -329,6 +329,6 @@ def test_a_judge_that_cannot_release_is_reported_once_and_kept_loaded(capsys):
     finally:
         server.shutdown()
     assert paths == ["/sleep"]  # one call: the refusal is remembered
-    err = capsys.readouterr().err
+    err = caplog.text
     assert err.count("cannot release its weights (HTTP 404)") == 1
     assert "the run keeps them loaded (colocate, partial_release_judge)" in err
