@@ -155,7 +155,7 @@ def test_judge_memory_rotates_the_modes_and_pairs_the_rounds(monkeypatch, tmp_pa
     """judge_memory runs colocate, partial and partial with the judge released for
     training in rotated order per round (no run here: the arms are stubbed) and reports
     each ratio of means with its paired rounds."""
-    from mmyatt.placement import bench, bench_memory
+    from mmyatt.placement import bench_memory
 
     order: list[str] = []
     peaks = {
@@ -175,7 +175,7 @@ def test_judge_memory_rotates_the_modes_and_pairs_the_rounds(monkeypatch, tmp_pa
         arm["peak_rss_mb"] = peaks[mode][k]
         return arm
 
-    monkeypatch.setattr(bench, "_arm", fake_arm)
+    monkeypatch.setattr(bench_memory, "run_arm", fake_arm)
     monkeypatch.setattr(bench_memory, "big_model", lambda out_dir, seed: (out_dir, 25_000_000))
     out = bench_memory.memory_arms(tmp_path, [], 3, rounds=2)
     rotated = ["colocate", "partial", "partial_release", "partial", "partial_release", "colocate"]
@@ -254,7 +254,7 @@ def test_set_overrides_reach_every_run_and_the_json_names_them(monkeypatch, tmp_
         seen.append(list(overrides))
         return _step_arm(1.0)
 
-    monkeypatch.setattr(bench, "_arm", fake_arm)
+    monkeypatch.setattr(bench, "run_arm", fake_arm)
     monkeypatch.setattr(bench, "_models", lambda tmp: (tmp / "p", tmp / "j"))
     monkeypatch.setattr(bench, "_derive", lambda out: None)
     sets = ("distributed.nproc=1", "distributed.device=cuda")

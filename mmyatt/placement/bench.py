@@ -39,18 +39,29 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from mmyatt.bench.runs import CONFIGS, machine
+from mmyatt.bench.runs import machine
 from mmyatt.config.schema import PlacementConfig
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.models.builtin.tiny import build_tiny_text_model
-from mmyatt.outputs.metrics import read_metrics
+from mmyatt.placement.bench_arms import (
+    COLOCATE_JUDGE_THREADS,
+    COMPARABLE_JUDGE_TOKENS,
+    CORPUS,
+    DRIFT,
+    DRIFT_JUDGE_TOKENS,
+    JUDGE_TOKENS,
+    RULE,
+    arm_summary,
+    base_overrides,
+    judge_overrides,
+    measured_rows,
+    run_arm,
+    train_arm_run,
+)
 from mmyatt.placement.bench_figures import (
     DRIFTING,
     MODES,
@@ -64,145 +75,12 @@ from mmyatt.placement.bench_memory import memory_arms
 
 logger = logging.getLogger(__name__)
 
-JUDGE_TOKENS = 16
-# placement.judge_threads in every arm: 0 = one per core (the default until 2026-12-05,
-# now -1, measured), so that the figures of record keep their meaning
-COLOCATE_JUDGE_THREADS = 0
-STOP = ["e", "1"]  # a completion token holding one of these ends it: geometric lengths
-
-CORPUS = [
-    "Question: 12+30= Answer: 42 Is the answer correct? Score: 7",
-    "Question: 8+5= Answer: 13 Score: 3 the rate of a tone at noon",
-] * 60
-
-
-def _base(policy: Path, steps: int) -> list[str]:
-    return [
-        f"model.path={policy}",
-        "model.max_prompt_tokens=8",
-        "data.synthetic_train_size=2000",
-        "data.synthetic_eval_size=8",
-        "data.eval_prompts=8",
-        "data.prompts_per_step=8",
-        "sampling.group_size=8",
-        "sampling.max_new_tokens=48",
-        f"sampling.stop={json.dumps(STOP)}",
-        "algorithm.dynamic_sampling=false",
-        "sft.enabled=false",
-        f"trainer.steps={steps}",
-        "trainer.max_minutes=null",
-        "trainer.eval_every=0",
-        "trainer.save_rollouts_every=0",
-        "trainer.progress=false",
-        "trainer.threads=1",
-        "distributed.nproc=2",
-        "placement.profile_steps=2",  # auto: medians of 2 measured steps per plan
-        "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
-        # colocate's judge phase on every core (its default): on quiet cores a judge on
-        # both is faster than on one, and partial's judge takes both cores once generation
-        # ends. On cores under other load a 2-thread judge can be many times slower.
-        f"placement.judge_threads={COLOCATE_JUDGE_THREADS}",
-    ]
-
-
-def _judge(judge: Path, tokens: int = JUDGE_TOKENS) -> list[str]:
-    return [
-        "reward.functions=[{name: numeric_match, weight: 1.0}, {name: genrm, weight: 0.5, "
-        f"kwargs: {{mode: score, template: score_text_1_10, max_tokens: {tokens}}}}}]",
-        f"reward.judge.model={judge}",
-        "reward.judge.max_batch=64",
-    ]
-
-
-RULE = ["reward.functions=[{name: numeric_match, weight: 1.0}]"]
-
-# drifting: the segments' sampling. First the judge-heavy workload's geometric lengths;
-# then every completion runs to a doubled cap, as when response length grows until
-# truncation dominates (the judge reads the longer completions: its call grows too)
-DRIFT_JUDGE_TOKENS = 4  # a judge that answers with a short score
-COMPARABLE_JUDGE_TOKENS = DRIFT_JUDGE_TOKENS  # judge_comparable: the same short answer
-DRIFT = {
-    "short": [],
-    "long": ["sampling.max_new_tokens=96", "sampling.stop=[]"],
-}
-
-
-def _train(run_dir: Path, overrides: list[str]) -> None:
-    cmd = [sys.executable, "-m", "mmyatt", "train", str(CONFIGS / "text_grpo_tiny.yaml")]
-    cmd += ["--run-dir", str(run_dir), *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"placement bench run failed ({' '.join(cmd)}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-
-
-def _rows(run_dir: Path, first: int = 1) -> list[dict]:
-
-    return [r for r in read_metrics(run_dir) if "timing/step_s" in r and r["step"] >= first]
-
-
-def _summary(rows: list[dict]) -> dict:
-    """Measured steps (warm-up left out by the caller) -> the figures of one arm."""
-
-    def mean(key):
-        vals = [r[key] for r in rows if isinstance(r.get(key), int | float)]
-        return statistics.fmean(vals) if vals else None
-
-    def by_phase(metric):  # the largest of each phase's placement/<metric>_<phase>
-        return {
-            ph: max((r.get(f"placement/{metric}_{ph}", 0.0) for r in rows), default=0.0)
-            for ph in ("generate", "judge", "train")
-        }
-
-    out = {
-        "steps_measured": len(rows),
-        "step_s": mean("timing/step_s"),
-        "total_s": sum(r["timing/step_s"] for r in rows),
-        "modes_run": [r.get("placement/mode") for r in rows],
-        "splits_run": [r.get("placement/split") for r in rows],
-        "cpu_util": mean("placement/cpu_util"),
-        "idle_frac": {
-            role: mean(f"placement/idle_frac_{role}")
-            for role in ("rollout", "judge", "train", "cores")
-        },
-        "phase_s": {k: mean(f"placement/{k}") for k in ("gen_s", "train_s", "judge_busy_s")},
-        # the rollout phase (generation and judging until every controller holds its
-        # rewards), the phase G-Core's partial coexistence shortens
-        "rollout_s": mean("placement/rollout_s"),
-        "judge_reload_s": mean("placement/judge_reload_s"),
-        "peak_rss_mb": max((r.get("placement/peak_rss_mb", 0.0) for r in rows), default=None),
-        "peak_rss_mb_by_phase": by_phase("peak_rss_mb"),
-        # on CUDA: the controllers' and the judge's allocators, summed (absent on the CPU)
-        "peak_device_mb_by_phase": by_phase("peak_device_mb"),
-        "response_length_mean": mean("response_length/mean"),
-        "response_truncated_frac": mean("response_length/truncated_frac"),
-    }
-    pred = [
-        (r["placement/predicted_step_s"], r["timing/step_s"])
-        for r in rows
-        if "placement/predicted_step_s" in r
-    ]
-    if pred:
-        out["auto_predicted_vs_actual"] = [[round(p, 4), round(a, 4)] for p, a in pred]
-    return out
-
-
-def _arm(tmp: Path, name: str, overrides: list[str], steps: int) -> dict:
-    rd = tmp / name
-    t0 = time.perf_counter()
-    _train(rd, overrides + [f"trainer.steps={steps}"])
-    out = _summary(_rows(rd, first=2))
-    out["wall_s"] = time.perf_counter() - t0
-    return out
-
 
 def _drift_segments(wl: str, judge: Path) -> list[tuple[str, list[str]]]:
     """The two segments of a drifting workload: (name, overrides) each."""
     if wl == "drifting_judge":
-        return [("rule", RULE), ("judged", _judge(judge, COMPARABLE_JUDGE_TOKENS))]
-    j = _judge(judge, DRIFT_JUDGE_TOKENS)
+        return [("rule", RULE), ("judged", judge_overrides(judge, COMPARABLE_JUDGE_TOKENS))]
+    j = judge_overrides(judge, DRIFT_JUDGE_TOKENS)
     return [("short", j + DRIFT["short"]), ("long", j + DRIFT["long"])]
 
 
@@ -216,8 +94,8 @@ def _drift_arm(
     ck = ["checkpoint.save_every=" + str(seg), "checkpoint.async_save=false"]
     out: dict = {}
     for i, (label, overrides) in enumerate(segments):
-        _train(rd, base + overrides + ck + [f"trainer.steps={(i + 1) * seg}"])
-        out[f"segment_{label}"] = _summary(_rows(rd, first=i * seg + 2))
+        train_arm_run(rd, base + overrides + ck + [f"trainer.steps={(i + 1) * seg}"])
+        out[f"segment_{label}"] = arm_summary(measured_rows(rd, first=i * seg + 2))
     parts = [out[f"segment_{label}"] for label, _ in segments]
     out["total_s"] = sum(p["total_s"] for p in parts)
     out["steps_measured"] = sum(p["steps_measured"] for p in parts)
@@ -269,8 +147,8 @@ def _arm_rounds(
         for a in names[k % len(names) :] + names[: k % len(names)]:
             rd = tmp / f"{label}_{a}_r{k}"
             t0 = time.perf_counter()
-            _train(rd, base + arms[a])
-            rows = _rows(rd, first=2)
+            train_arm_run(rd, base + arms[a])
+            rows = measured_rows(rd, first=2)
             rec = {f: _mean([r.get(key) for r in rows]) for f, key in figures.items()}
             rec.update(steps_measured=len(rows), wall_s=time.perf_counter() - t0)
             runs[a].append(rec)
@@ -408,7 +286,7 @@ def bench_placement(
     with tempfile.TemporaryDirectory(prefix="mmyatt-placement-") as tmp_s:
         tmp = Path(tmp_s)
         policy, judge = _models(tmp)
-        base = _base(policy, steps) + list(overrides)
+        base = base_overrides(policy, steps) + list(overrides)
         for wl in workloads:
             if wl == "over_dispatch":
                 out["over_dispatch_run"] = _dispatch_arms(tmp, base, steps, rounds)
@@ -435,10 +313,10 @@ def bench_placement(
                         fig = f"{arm['total_s']:.2f} s"
                     else:
                         extra = {
-                            "judge_heavy": _judge(judge),
-                            "judge_comparable": _judge(judge, COMPARABLE_JUDGE_TOKENS),
+                            "judge_heavy": judge_overrides(judge),
+                            "judge_comparable": judge_overrides(judge, COMPARABLE_JUDGE_TOKENS),
                         }.get(wl, RULE)
-                        arm = _arm(tmp, name, arm_base + extra, steps)
+                        arm = run_arm(tmp, name, arm_base + extra, steps)
                         fig = f"{arm['step_s']:.3f} s/step"
                     per_round[mode].append(arm)
                     logger.info(f"[bench] placement {wl} round {k + 1} {mode}: {fig}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from mmyatt.models.builtin.tiny import build_tiny_text_model
-from mmyatt.placement import bench
+from mmyatt.placement.bench_arms import COLOCATE_JUDGE_THREADS, CORPUS, run_arm
 from mmyatt.placement.bench_figures import _combine, paired_ratio
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def big_model(out_dir: Path, seed: int) -> tuple[Path, int]:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    out = build_tiny_text_model(out_dir, size="qwen2-1m", corpus=bench.CORPUS, seed=seed)
+    out = build_tiny_text_model(out_dir, size="qwen2-1m", corpus=CORPUS, seed=seed)
     d = Qwen2Config.from_pretrained(out).to_dict()
     for k in ("layer_types", "head_dim", "architectures", "transformers_version"):
         d.pop(k, None)  # derived from the sizes; rebuilt by the constructor
@@ -71,7 +71,7 @@ def memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict
         "judge_weights_mb": params * 4 / 2**20,
         "samples_per_step": 2 * 4 * 4,
         "rounds": rounds,
-        "colocate_judge_threads": bench.COLOCATE_JUDGE_THREADS,
+        "colocate_judge_threads": COLOCATE_JUDGE_THREADS,
     }
     policies = {"policy_qwen2_1m": [], "policy_25m": [f"model.path={big_policy}"]}
     modes = {"colocate": ["placement.mode=colocate"], "partial": ["placement.mode=partial"]}
@@ -85,7 +85,7 @@ def memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict
         for k in range(rounds):
             for mode in names[k % len(names) :] + names[: k % len(names)]:
                 over = base + modes[mode] + small + pol
-                arm = bench._arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
+                arm = run_arm(tmp, f"judge_memory_{name}_{mode}_r{k}", over, steps)
                 per_round[mode].append(arm)
                 logger.info(
                     f"[bench] placement judge_memory {name} round {k + 1} {mode}: peak "
