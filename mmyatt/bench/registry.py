@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 BENCHES: dict[str, str] = {
     "text-grpo": "mmyatt.bench.text_grpo:bench_text_grpo",
     "flow-grpo": "mmyatt.bench.flow:bench_flow_grpo",
+    "flow-real": "mmyatt.bench.flow_real:bench_flow_real",
     "checkpoint": "mmyatt.bench.checkpoint:bench_checkpoint",
     "faults": "mmyatt.bench.faults:bench_faults",
     "genrm": "mmyatt.bench.genrm:bench_genrm",
