@@ -2,22 +2,15 @@
 calls on one model thread.
 
 Route handlers ``await batcher.submit(work)``. Requests that arrive while the model is
-busy queue up; when it is free, everything queued (up to ``max_batch``) goes into one
-model call. When fewer requests are queued than came together last time (the previous
-batch and what queued behind it), the batch waits up to ``batch_wait_ms`` for company,
-so a lone client is served at once and concurrent clients whose requests trickle in
-still share a call. Requests needing the same kind of call are grouped (greedy
-``max_tokens=1`` needs only the next-token distribution); a call that fails is retried
-one request at a time so that one bad request fails alone.
-
-A lone one-forward request (greedy ``max_tokens=1``, nothing else queued) is served on
-the event loop's own thread: a trip through the model thread would add two thread
-wake-ups to a request of a few milliseconds. Requests arriving meanwhile wait in their
-sockets for one forward, as they would wait for the busy model thread.
-
-The weights can be dropped and reloaded between judge phases (:meth:`Batcher.sleep`,
-:meth:`Batcher.wake`, used by ``mmyatt.placement``); all model work holds
-``model_lock``.
+busy queue up, and the next call takes all of them (up to ``max_batch``); with fewer
+queued than came together last time it waits up to ``batch_wait_ms`` for company, so a
+lone client is served at once. Requests of one kind share a call (greedy
+``max_tokens=1``: the next-token distribution only); a failed call is retried one
+request at a time, so that one bad request fails alone. A lone one-forward request is
+served on the event loop's own thread: the model thread would add two thread wake-ups
+to a request of a few milliseconds. The weights can be dropped and reloaded between
+judge phases (:meth:`Batcher.sleep`, :meth:`Batcher.wake`; ``mmyatt.placement``); all
+model work holds ``model_lock``.
 """
 
 from __future__ import annotations
@@ -215,11 +208,9 @@ class Batcher:
         release_free_memory()
 
     def settle(self) -> float:
-        """Drop the weights, collect once and freeze what survives, then reload: a server
-        that starts this way never pays the full collection of its long-lived objects (the
-        server, torch, transformers: some 390,000 of them, 0.25 s) in a judge phase, so its
-        first release costs what every later one does. Returns seconds; a no-op for a
-        judge given as an object."""
+        """Drop the weights, collect once and freeze what survives, then reload, so that
+        the first release does not pay the full collection of the server's long-lived
+        objects (some 390,000, 0.25 s); returns seconds (0 for a model object)."""
         if self.loader is None:
             return 0.0
         t0 = time.perf_counter()

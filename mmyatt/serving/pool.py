@@ -4,22 +4,18 @@
 ...     reward = GenRMReward(JudgeClient(pool.urls))
 
 Each child is ``python -m mmyatt.serving.server MODEL_DIR --host 127.0.0.1 --port 0``
-(``backend="vllm"``: ``vllm serve``, see :mod:`mmyatt.engines.vllm_judge`). The child
-writes the port it bound to a file; the pool then waits for ``GET /health``. A child that
-exits or does not become healthy within ``startup_timeout_s`` raises an error quoting
-the end of its log. ``devices`` assigns ``CUDA_VISIBLE_DEVICES`` per server (round
-robin; a device may be ``"0,1"``). The API key reaches children in the environment
-(``MMYATT_GENRM_API_KEY``), never on the command line, which ``ps`` shows. Children exit
-on their own when the process that started them dies.
+(``backend="vllm"``: ``vllm serve``, :mod:`mmyatt.engines.vllm_judge`); it writes the
+port it bound to a file, then the pool waits for ``GET /health``, or raises an error
+quoting the end of the log of a child that exits or stays unhealthy for
+``startup_timeout_s``. ``devices`` sets ``CUDA_VISIBLE_DEVICES`` per server (round
+robin). The API key travels in the environment (``MMYATT_GENRM_API_KEY``), never on the
+command line that ``ps`` shows. Children exit when the process that started them dies.
 
-A watcher thread polls the children every ``watch_interval_s``; a child that exits while
-the pool runs (killed, crashed) is started again on the same port, so that the URLs the
-controllers hold stay valid and their clients' retries find it back, at most
-``max_restarts`` times per server; after that it stays down and the clients' retry
-budget decides. ``restarts`` counts the restarts per server; ``events`` lists them.
-
-``JudgePool.external(urls)`` wraps servers started elsewhere (``vllm serve``,
-``mmyatt serve-genrm``): it only checks their health; ``stop()`` leaves them be.
+A watcher thread restarts a child that exits while the pool runs on the same port, so
+that the controllers' URLs stay valid and their clients' retries find it back, at most
+``max_restarts`` times per server (``restarts``, ``events``); then the clients' retry
+budget decides. ``JudgePool.external(urls)`` adopts servers started elsewhere after a
+health check; ``stop()`` leaves those be.
 """
 
 from __future__ import annotations

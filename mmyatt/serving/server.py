@@ -1,10 +1,6 @@
-"""The embedded GenRM judge server: an OpenAI-compatible chat-completions subset on
-FastAPI and uvicorn.
-
-``mmyatt serve-genrm MODEL_DIR --host 127.0.0.1 --port 8000 [--api-key K]
-[--served-model-name NAME] [--max-batch 32] [--batch-wait-ms 5] [--threads N]`` (or
-``python -m mmyatt.serving.server ...``) serves a local judge model so that controllers
-call it over HTTP exactly as they would call ``vllm serve``:
+"""The embedded GenRM judge server: an OpenAI chat-completions subset on FastAPI and
+uvicorn. ``mmyatt serve-genrm MODEL_DIR [--host 127.0.0.1] [--port 8000] [--api-key K]``
+(or ``python -m mmyatt.serving.server``) serves a local judge as ``vllm serve`` would:
 
 =================================  ==========================================================
 ``GET /health``                    ``{"status": "ok", "model": NAME}`` (no key needed, as in
@@ -18,21 +14,19 @@ call it over HTTP exactly as they would call ``vllm serve``:
 ``POST /mmyatt/placement``         pin the server to cores, set its torch threads
 =================================  ==========================================================
 
-The request and answer of every route are pydantic models (:mod:`mmyatt.serving.api`);
-requests are batched by :mod:`mmyatt.serving.batcher`; the models are those of
-:mod:`mmyatt.models.judge`. With ``max_tokens=1, logprobs=true, top_logprobs=k`` an
-answer carries the top-k next-token distribution after the assistant generation prompt,
-which is what a ``yes_prob`` GenRM needs (one forward). Longer ``max_tokens`` generate
-text (the ``score`` mode); per-token logprobs of generated text are refused (400)
-rather than answered with made-up token strings. Every answer reports the model call
-that served it in an extra ``mmyatt`` field, which OpenAI clients ignore.
+Every route's request and answer is a pydantic model (:mod:`mmyatt.serving.api`);
+requests are batched by :mod:`mmyatt.serving.batcher` for a model of
+:mod:`mmyatt.models.judge`. ``max_tokens=1, logprobs=true, top_logprobs=k`` answers the
+top-k next-token distribution (``yes_prob``: one forward); longer ``max_tokens``
+generate text (``score``); per-token logprobs of generated text are refused (400)
+rather than made up. An extra ``mmyatt`` field, which OpenAI clients ignore, reports
+the model call that served the answer.
 
-Security: the server binds to loopback unless told otherwise (a warning is logged for
-any other address). With an API key, every route but ``/health`` needs
-``Authorization: Bearer <key>`` or gets an OpenAI-style 401. Bodies over
-``max_body_bytes`` get a 413. Requests are logged (``--log-requests``) by uvicorn's
-access log: request line and status, never headers (the key). Images are only accepted
-inline as ``data:`` URLs; nothing is fetched.
+Security: loopback unless told otherwise (any other address is logged as a warning);
+with an API key every route but ``/health`` needs ``Authorization: Bearer <key>``
+(else an OpenAI-style 401); bodies over ``max_body_bytes`` get a 413;
+``--log-requests`` is uvicorn's access log (request line and status, never headers);
+images only inline as ``data:`` URLs, nothing is fetched.
 """
 
 from __future__ import annotations
@@ -568,26 +562,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--api-key", default=None, help=f"or set ${API_KEY_ENV} (kept out of ps)")
-    p.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        help="the model name(s) the API reports and accepts (default: the model directory)",
-    )
+    names = "the model name(s) the API reports and accepts (default: the model directory)"
+    p.add_argument("--served-model-name", nargs="+", default=None, help=names)
     p.add_argument("--max-batch", type=int, default=32, help="most requests in one model call")
-    p.add_argument(
-        "--batch-wait-ms",
-        type=float,
-        default=5.0,
-        help="how long a batch may wait for company (only while more requests are expected)",
-    )
-    p.add_argument(
-        "--settle",
-        action="store_true",
-        help="before serving, drop the weights, collect and freeze what survives, and reload: "
-        "a judge that placement releases between phases (colocate, auto) then never pays "
-        "the full garbage collection of its long-lived objects in a release",
-    )
+    wait = "how long a batch may wait for company (only while more requests are expected)"
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help=wait)
+    settle = "drop, collect and reload the weights once before serving (Batcher.settle)"
+    p.add_argument("--settle", action="store_true", help=settle)
     p.add_argument("--max-logprobs", type=int, default=20)
     p.add_argument("--device", default=None, help="cpu | cuda | auto (default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
