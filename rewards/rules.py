@@ -136,6 +136,9 @@ DESCRIPTION_REWARDS = {
     "describe_colour": "colour_right",
     "describe_shape": "shape_right",
     "answer_words": "answer_words",
+    "describe_wellformed": "wellformed",  # 1 when the answer parses as a description
+    "describe_strict": "strict_check",  # the check of well-formed answers only
+    "describe_warm_start": "warm_start_check",  # strict, images and clips half each
 }
 
 

@@ -11,9 +11,9 @@ from mmyatt.rewards.rules import resolve_reward
 IMG = {"colour": "red", "shape": "circle", "direction": None}
 CLIP = {"colour": "cyan", "shape": "square", "direction": "up"}
 # the names configs/vlm_genrm_tiny.yaml gives them
-WELLFORMED = "mmyatt.datasets.describe_check:wellformed"
-STRICT = "mmyatt.datasets.describe_check:strict_check"
-WARM_START = "mmyatt.datasets.describe_check:warm_start_check"
+WELLFORMED = "describe_wellformed"
+STRICT = "describe_strict"
+WARM_START = "describe_warm_start"
 
 
 @pytest.mark.parametrize(
