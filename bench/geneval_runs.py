@@ -40,14 +40,15 @@ def read_run(run: Path) -> dict:
     first, last = evals[min(evals)], evals[max(evals)]
     base_bg = first["eval/quality/background_hf"]
     summary = json.loads((run / "summary.json").read_text())
-    split = "test"
-    cfg = run / "config.yaml"
-    if cfg.exists() and "eval_split: val" in cfg.read_text():
-        split = "val"
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
     return {
         "run": run.name,
-        "split": split,
-        "seed": summary.get("seed"),
+        "recipe": cfg.get("name"),
+        "split": cfg["data"].get("eval_split", "test"),
+        "seed": cfg["trainer"].get("seed"),
+        "cut_by_time": summary.get("cut_by_time"),
         "steps_done": summary.get("steps_done"),
         "steps_planned": summary.get("steps_planned"),
         "first_step": min(evals),
