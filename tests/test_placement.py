@@ -225,7 +225,6 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
     """A settled judge pays one extra load at start (seconds for a large judge), so the
     run asks for it only where the judge will be released between phases."""
     from mmyatt.config.schema import load_config
-    from mmyatt.serving import pool as judge_pool
     from mmyatt.step import run
 
     seen = {}
@@ -235,7 +234,7 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
             seen.update(kw)
             self.urls = ["http://127.0.0.1:1/v1"]
 
-    monkeypatch.setattr(judge_pool, "JudgePool", Pool)
+    monkeypatch.setattr(run, "JudgePool", Pool)  # the name the run starts its judges with
     (tmp_path / "judge").mkdir()
     cfg = load_config(
         None,
