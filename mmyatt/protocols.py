@@ -367,12 +367,6 @@ class LockstepEngine(Engine, Protocol):
         """The filler with zero advantages and rewards (for a loss that reads them)."""
         ...
 
-    def idle_logprob_passes(self, policy: Policy, algorithm: Any, closed_form_kl: bool) -> None:
-        """The log-prob forwards a rank with samples makes before its update, results dropped."""
-        ...
-
-    def idle_reference_means(self, policy: Policy) -> None: ...
-
 
 @runtime_checkable
 class Placement(Protocol):

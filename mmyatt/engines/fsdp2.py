@@ -215,22 +215,6 @@ class FSDP2Engine:
         zero = torch.zeros(len(filler))
         return dataclasses.replace(filler, advantages=zero, rewards=zero.clone())
 
-    @torch.no_grad()
-    def idle_logprob_passes(self, policy: Policy, algorithm, closed_form_kl: bool) -> None:
-        """The forwards ``old_and_reference_logprobs`` makes, on the filler, results dropped."""
-        filler = self._filler()
-        if algorithm.recompute_old_logprobs:
-            policy.logprobs(filler)
-        if closed_form_kl:
-            self.idle_reference_means(policy)
-        elif algorithm.kl_coef > 0:
-            policy.reference_logprobs(filler)
-
-    @torch.no_grad()
-    def idle_reference_means(self, policy: Policy) -> None:
-        """The reference forward ``attach_reference_means`` makes, on the filler."""
-        policy.attach_reference_means(self._filler().select([0]))
-
     @contextmanager
     def rollout_weights(self, policy):
         """Every unit gathered and kept whole: forwards inside make no collective call."""
