@@ -17,6 +17,7 @@ from PIL import Image
 
 from mmyatt.outputs.rollout_log import write_rollouts
 from mmyatt.outputs.samples import save_samples
+from mmyatt.report import plots
 from mmyatt.report.html import write_report
 from mmyatt.report.inspect import load_run
 from mmyatt.rewards.genrm import GenRMReward
@@ -200,3 +201,18 @@ def test_eval_grids_are_captioned_and_vlm_samples_show_image_and_expected_answer
     page.feed(html)
     assert page.eval_images and page.eval_images[0].startswith("data:image/png;base64,")
     assert "expected <code>red</code>" in html
+
+
+def test_identical_curves_are_named_together_and_the_band_stays_in_the_rewards_range(tmp_path):
+    run = load_run(vqa_run(tmp_path))
+    bounds = plots.reward_bounds(run.rollouts)  # the logged rewards: 0.12 to 0.72
+    assert bounds == pytest.approx((0.12, 0.72), abs=1e-6)
+    fig = plots.reward_curves(run.metrics, bounds=(0.0, 1.0))
+    train = fig.axes[0]
+    # reward/mean and reward/generated_mean are the same series: one line, both names
+    (line,) = train.get_lines()
+    assert line.get_label() == "train reward (kept groups) = train reward (all generated)"
+    # mean 0.9 +- std 0.5 would reach 1.4 and 0.0 - 0.5 at step 10; the band stays in [0, 1]
+    (band,) = train.collections
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.max() == pytest.approx(1.0) and ys.min() == pytest.approx(0.0)
