@@ -32,6 +32,8 @@ from PIL import Image, ImageFilter
 from torch import nn
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES, draw_shape
+from mmyatt.models.builtin.train_tiny_judge import generator_samples
+from mmyatt.rewards.image import prompt_alignment_rule
 from mmyatt.step.lr_schedule import cosine_schedule
 
 __all__ = [
@@ -194,8 +196,6 @@ def critic_vs_rule(generator_dir: str | Path, n: int = 192, seed: int = 60_000) 
     """Score ``n`` 20-step ODE samples of a flow model (random captions) with the critic
     and with ``prompt_alignment_rule``: their means, correlation and how often they give
     the same verdict at 0.5."""
-    from mmyatt.models.builtin.train_tiny_judge import generator_samples
-    from mmyatt.rewards.image import prompt_alignment_rule
 
     samples = generator_samples(
         generator_dir, n, seed=seed, noise_levels=(0.0,), denoise_steps=(20,)

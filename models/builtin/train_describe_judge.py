@@ -28,16 +28,27 @@ from mmyatt.datasets.describe import (
     DIRECTION_QUESTION,
     FRAMES,
     JUDGE_NEGATIVES,
+    JUDGE_TEMPLATE,
+    VAL_FOLD2_PAIRS,
     clip_frames,
     describe_records,
     judge_records,
 )
+from mmyatt.datasets.factored_shapes import named_records
 from mmyatt.datasets.shapes import (
+    HELDOUT,
     HELDOUT_TEST,
     HELDOUT_VAL,
     MOTION_HELDOUT_TEST,
     MOTION_HELDOUT_VAL,
+    SHAPES,
 )
+from mmyatt.datasets.vision_tasks import judge_training_mix
+from mmyatt.models.builtin.train_tiny_judge import sft_step
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.rewards.genrm import yes_probability
+from mmyatt.step.freeze import freeze_parameters
+from mmyatt.step.lr_schedule import cosine_schedule
 
 YES, NO = ("Yes", " Yes"), ("No", " No")
 
@@ -58,7 +69,6 @@ def _checkpoint_dir(path: str) -> str:
 def judge_scores(policy, records: list[dict], *, batch_size: int = 64) -> list[float]:
     """P(Yes) / (P(Yes) + P(No)) of the first answer token for each record (0.5 when
     neither is in the top 20)."""
-    from mmyatt.rewards.genrm import yes_probability
 
     out: list[float] = []
     for start in range(0, len(records), batch_size):
@@ -148,8 +158,6 @@ def training_batch(
     colour on any task or extra shape (:func:`mmyatt.datasets.factored_shapes.named_records`:
     80 combinations, too many to learn one by one); none shows or names a held-out
     combination."""
-    from mmyatt.datasets.shapes import HELDOUT
-    from mmyatt.datasets.vision_tasks import judge_training_mix
 
     n_base = int(round(n * base_share))
     n_score = int(round(n * score_share))
@@ -180,8 +188,6 @@ def training_batch(
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     if n_named:
-        from mmyatt.datasets.factored_shapes import named_records
-
         out += named_records(n_named, seed=seed + 53, exclude=HELDOUT)
     order = np.random.default_rng([seed, 14]).permutation(len(out))
     return [out[i] for i in order]
@@ -220,11 +226,6 @@ def train_describe_judge(
     to ``out_dir`` and then measured once on the test sets. Returns {"best_step",
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
-
-    from mmyatt.models.builtin.train_tiny_judge import sft_step
-    from mmyatt.models.vlm import VLMPolicy
-    from mmyatt.step.freeze import freeze_parameters
-    from mmyatt.step.lr_schedule import cosine_schedule
 
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
@@ -290,8 +291,6 @@ def pair_table(
     {"colour shape": {named shape: {phrasing: mean P(Yes)}}}. Read on held-out pairs it
     shows whether the judge tells their shapes apart (a judge that pays "a red circle"
     for a red square lets a policy name the shape from the colour)."""
-    from mmyatt.datasets.describe import JUDGE_TEMPLATE
-    from mmyatt.datasets.shapes import SHAPES
 
     recs = describe_records(
         4 * n * len(pairs), seed=seed, only_pairs=list(pairs), video_fraction=0.0
@@ -320,9 +319,6 @@ def main(argv: list[str] | None = None) -> None:
     judge's :func:`pair_table` on the split's held-out pairs, as JSON."""
     import argparse
     import json
-
-    from mmyatt.datasets.describe import VAL_FOLD2_PAIRS
-    from mmyatt.models.vlm import VLMPolicy
 
     p = argparse.ArgumentParser(prog="python -m mmyatt.models.builtin.train_describe_judge")
     p.add_argument("command", choices=["pairs"])

@@ -30,12 +30,25 @@ from typing import Any
 
 import numpy as np
 
+from mmyatt.datasets import vision_tasks as vt
+from mmyatt.datasets.factored_shapes import (
+    corpus,
+    factored_records,
+    heldout_classification_records,
+    named_records,
+)
+from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, HELDOUT_VAL
+from mmyatt.models.builtin import train_tiny_judge as jt
+from mmyatt.models.builtin.critic import augment_image
+from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
+from mmyatt.models.builtin.train_tiny_judge import _judge_corpus, sft_step
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.step.lr_schedule import cosine_schedule
+
 
 def judge_mix(
     n: int, *, seed: int, factored_fraction: float, exclude, sizes, named_fraction: float = 0.0
 ) -> list[dict]:
-    from mmyatt.datasets import vision_tasks as vt
-    from mmyatt.datasets.factored_shapes import factored_records, named_records
 
     n_fac = int(round(n * factored_fraction))
     n_named = int(round(n * named_fraction))
@@ -56,8 +69,6 @@ def judge_mix(
 def classification_mix(
     n: int, *, seed: int, factored_fraction: float, exclude, sizes, named_fraction: float = 0.0
 ) -> list[dict]:
-    from mmyatt.datasets import vision_tasks as vt
-    from mmyatt.datasets.factored_shapes import factored_records, named_records
 
     n_fac = int(round(n * factored_fraction))
     n_named = int(round(n * named_fraction))
@@ -78,7 +89,6 @@ def classification_mix(
 def evaluate(policy, sets: dict[str, tuple[list[dict], list[dict]]]) -> dict[str, float]:
     """Per named set of (classification records, Yes/No records): colour / shape
     accuracy and the judge's accuracy, acceptance of correct claims and mean P(Yes)."""
-    from mmyatt.models.builtin import train_tiny_judge as jt
 
     out: dict[str, float] = {}
     for name, (cls, yn) in sets.items():
@@ -93,9 +103,6 @@ def evaluate(policy, sets: dict[str, tuple[list[dict], list[dict]]]) -> dict[str
 
 
 def eval_sets(seed: int, *, exclude, sizes, n: int = 300) -> dict:
-    from mmyatt.datasets import vision_tasks as vt
-    from mmyatt.datasets.factored_shapes import heldout_classification_records
-    from mmyatt.datasets.shapes import HELDOUT_TEST, HELDOUT_VAL
 
     return {
         "seen": (
@@ -148,17 +155,9 @@ def train_shape_judge(
     breaking ties (``questions``, what GenRM's vqa mode reads)."""
     import torch
 
-    from mmyatt.datasets.shapes import HELDOUT
-    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
-    from mmyatt.models.builtin.train_tiny_judge import sft_step
-    from mmyatt.models.vlm import VLMPolicy
-    from mmyatt.step.lr_schedule import cosine_schedule
-
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
     work = Path(out_dir)
-    from mmyatt.datasets.factored_shapes import corpus
-    from mmyatt.models.builtin.train_tiny_judge import _judge_corpus
 
     words = _judge_corpus() + (corpus() * 2 if named_fraction else [])
     build_tiny_vlm(work, arch="qwen2-vl", size=size, corpus=words, seed=seed)
@@ -187,8 +186,6 @@ def train_shape_judge(
             sizes=sizes,
         )
         if augment:  # soft edges and noise, as a generator's samples have
-            from mmyatt.models.builtin.critic import augment_image
-
             rng = np.random.default_rng([seed, step, 17])
             batch = [
                 {**r, "image": augment_image(r["image"], rng)} if rng.random() < augment else r

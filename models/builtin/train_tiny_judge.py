@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES, is_heldout
+from mmyatt.datasets.shapes import shape_records as caption_records
 from mmyatt.datasets.vision_tasks import (
     COLOUR_CHECK,
     COLOUR_QUESTION,
@@ -40,6 +41,12 @@ from mmyatt.datasets.vision_tasks import (
     judge_training_mix,
     shape_records,
 )
+from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
+from mmyatt.models.flow import FlowPolicy
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.protocols import Sampling, prompt_seed
+from mmyatt.rewards.genrm import yes_probability
+from mmyatt.rewards.image import prompt_alignment_rule, shape_fill
 from mmyatt.step.lr_schedule import cosine_schedule
 
 
@@ -65,7 +72,6 @@ def judge_accuracy(
     reward model is read, the mean P(Yes) / (P(Yes) + P(No)) on the positives of each
     shape (``p_yes_<shape>``): a judge can accept every square and still pay little for
     one."""
-    from mmyatt.rewards.genrm import yes_probability
 
     correct: dict[str, list[bool]] = {"positive": [], **{t: [] for t in NEGATIVE_TYPES}}
     p_yes: dict[str, list[float]] = {s: [] for s in SHAPES}
@@ -183,9 +189,6 @@ def train_judge(
     "seconds": float}.
     """
     import torch
-
-    from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
-    from mmyatt.models.vlm import VLMPolicy
 
     say = log or (lambda _msg: None)
     torch.manual_seed(seed)
@@ -315,10 +318,6 @@ def generator_samples(
     No caption is a (colour, shape) in ``exclude``."""
     import torch
 
-    from mmyatt.datasets.shapes import shape_records as caption_records
-    from mmyatt.models.flow import FlowPolicy
-    from mmyatt.protocols import Sampling, prompt_seed
-
     policy = FlowPolicy.load(generator_dir)
     records = caption_records(n, seed, tuple(exclude))
     out: list[dict] = []
@@ -353,7 +352,6 @@ def rule_judge_records(
     rule's square/circle boundary (0.89) where a ragged square and a round blob overlap,
     so the rule's verdict there is a coin the judge should not be taught. A claim in
     ``exclude`` is replaced by another drawn the same way."""
-    from mmyatt.rewards.image import prompt_alignment_rule, shape_fill
 
     if ambiguous is not None and not ambiguous[0] < ambiguous[1]:
         raise ValueError(f"ambiguous must be (lo, hi) with lo < hi, got {ambiguous}")
@@ -395,7 +393,6 @@ def rule_judge_records(
 def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict[str, float]:
     """How often the judge's Yes/No (P(Yes) > P(No)) matches the records' rule answers;
     also the Pearson correlation of P(Yes) with the rule score."""
-    from mmyatt.rewards.genrm import yes_probability
 
     p_yes: list[float] = []
     for start in range(0, len(records), batch_size):
@@ -457,8 +454,6 @@ def finetune_judge_on_generator(
     ``out_dir``. Returns {"start", "best", "history", "seconds"}.
     """
     import torch
-
-    from mmyatt.models.vlm import VLMPolicy
 
     say = log or (lambda _msg: None)
     torch.manual_seed(seed)
