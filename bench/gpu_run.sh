@@ -8,8 +8,9 @@
 #      images/s of mmyatt's sampler against diffusers' StableDiffusion3Pipeline, one
 #      Flow-GRPO and one DiffusionNFT update (seconds, MFU), peak memory per phase;
 #   3. `mmyatt bench engines`: text update MFU and rollout (Qwen2.5-0.5B shape);
-#   4. the placement bench on the machine's CPU cores: the judge_heavy and drifting
-#      workloads, every mode side by side, 4 controllers, one round.
+#   4. the placement bench on the machine's CPU cores (no GPU visible to it): the
+#      judge_heavy and drifting workloads, every mode side by side, 4 controllers, one
+#      round, 4 steps per run (5 per drifting segment); what the time limit leaves it.
 # Every figure goes into ONE JSON, $OUT/gpu_figures.json (bench_out/ when OUT is unset),
 # with the GPU's name, the date and the code revision; each part's own JSON and log stay
 # beside it. A part that fails or runs out of time is recorded with its exit status.
@@ -25,8 +26,8 @@ if [ "$DRY" = 1 ]; then
   mkdir -p "$OUT"
   PY=${PYTHON:-python3}
   export MMYATT_FLOW_REAL_SIZE=tiny CUDA_VISIBLE_DEVICES=""
-  LIMIT=${TIME_LIMIT_S:-1200}
-  CAPS=(300 400 400 400)  # pytest, flow_real, engines, placement: a slow shared CPU
+  LIMIT=${TIME_LIMIT_S:-1600}
+  CAPS=(300 400 400 800)  # pytest, flow_real, engines, placement: a slow shared CPU
   # tiny shapes: the quick engines bench, one placement workload with 2 controllers
   ENGINES=(--quick)
   PLACEMENT=(--workload judge_heavy --rounds 1 --steps 2 --set distributed.nproc=2)
@@ -40,7 +41,7 @@ else
     --set distributed.nproc=4)
 fi
 export PYTHONUNBUFFERED=1
-DEADLINE=$((SECONDS + LIMIT))
+DEADLINE=$LIMIT  # from the script's start: the setup above counts too
 : > "$OUT/gpu_run_parts.tsv"
 part() {  # part NAME CAP_S CMD...: run CMD for at most CAP_S s and what the limit leaves
   local name=$1 cap=$2 left=$((DEADLINE - SECONDS)) t0=$SECONDS rc
@@ -64,10 +65,11 @@ part pytest_gpu "${CAPS[0]}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_gpu.py tests/test_gpu_engines.py
 part flow_real "${CAPS[1]}" "$PY" -m mmyatt bench flow-real --out "$OUT/flow_real.json"
 part engines "${CAPS[2]}" "$PY" -m mmyatt bench engines "${ENGINES[@]}" --out "$OUT/engines.json"
-# the CPU cores only (distributed.device=cpu); main() directly, not `python -m`, so that
-# the bench module is imported once
-part placement "${CAPS[3]}" "$PY" -c \
-  'import sys; from mmyatt.placement.bench import main; sys.exit(main(sys.argv[1:]))' \
+# the CPU cores only: no GPU visible to the controllers or the judge server; main()
+# directly, not `python -m`, so that the bench module is imported once
+part placement "${CAPS[3]}" env CUDA_VISIBLE_DEVICES= "$PY" -c \
+  'import logging, sys; from mmyatt.placement.bench import main
+logging.basicConfig(level=logging.INFO, format="%(message)s"); sys.exit(main(sys.argv[1:]))' \
   "${PLACEMENT[@]}" --set distributed.device=cpu --out "$OUT/placement_cpu.json"
 "$PY" - "$OUT" "$DRY" <<'PY'
 """Merge every part's figures into gpu_figures.json."""
