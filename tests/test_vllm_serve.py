@@ -54,6 +54,7 @@ def test_real_vllm_serve_judges_as_the_builtin_server(tmp_path):
         tmp_path,
         "vllm",
         "reward.judge.backend=vllm",
+        "reward.judge.startup_timeout_s=900",  # vLLM's start imports and profiles for minutes
         "reward.judge.vllm_args=[--dtype, float32, --max-model-len, '512']",
     )
     key = "eval/reward/genrm"

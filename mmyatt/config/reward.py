@@ -40,6 +40,9 @@ class JudgeConfig(Section):
     """per attempt"""
     max_restarts: Int = Field(3, ge=0)
     """a judge server started with the run that dies is restarted"""
+    startup_timeout_s: Float = Field(120.0, gt=0)
+    """how long a judge server started with the run may take to answer `/health` (a
+    `vllm serve` child, or cores under other load, can need several minutes)"""
     backend: Literal["mmyatt", "vllm"] = "mmyatt"
     """who serves `model`: our GenRM server, or `vllm serve` children (same pool, health
     checks and restarts; pip install 'mmyatt[vllm]')"""

@@ -205,6 +205,7 @@ def start_judges(cfg: RunConfig, rd: Path):
         threads=j.threads,
         log_dir=str(rd / "judges"),
         max_restarts=j.max_restarts,
+        startup_timeout_s=j.startup_timeout_s,
         backend=j.backend,
         vllm_args=list(j.vllm_args),
         settle=releases_judge(cfg.placement),
