@@ -1,9 +1,10 @@
 """The prepared GPU run (bench/gpu_run.sh) and its flow bench, dry-run on the CPU.
 
-Fast here: the SD3 FLOP count of ``mmyatt bench flow-real`` against torch's FLOP
-counter on a real forward, and the script's syntax. Slow (minutes on 2 cores): the flow
-bench at tiny shapes, and the whole script's dry run, whose one JSON must hold every
-part with measured, finite figures.
+In the default suite: the SD3 FLOP count of ``mmyatt bench flow-real`` against torch's
+FLOP counter on a real forward, the script's syntax, and the flow bench at tiny shapes
+(seconds). Slow (about 2 minutes on 2 idle cores, far more when they are busy): the
+whole script's dry run, whose one JSON must hold every part with measured, finite
+figures.
 """
 
 from __future__ import annotations
@@ -90,7 +91,6 @@ def _check_flow_real(r: dict) -> None:
     assert all(_finite_positive(m["cpu_rss_gb"]) for m in r["memory"].values())
 
 
-@pytest.mark.slow
 def test_flow_real_tiny_measures_every_phase():
     _check_flow_real(bench_flow_real(size="tiny", device="cpu"))
 
