@@ -71,7 +71,7 @@ MISTAKES = [
     Mistake(
         "text recipe at a VLM folder",
         (TEXT, f"model.path={VLM_FOLDER}", TWO),
-        ("model.path", "vlm"),
+        ("model.path", "vision-language model", "model.kind=text"),
     ),
     Mistake(
         "unknown key", (TEXT, "algorithm.kl_coeff=0.1", TWO), ("algorithm.kl_coeff", "kl_coef")
