@@ -156,7 +156,7 @@ def nothing_trained(run: Path) -> bool:
 
 # the first case waits for the whole table: 19 processes of about 6 s of CPU each (most of
 # it importing torch and transformers), 4 at a time; under a load of 30 on 2 cores the
-# table took more than 15 minutes
+# whole table took 618 s
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("mistake", MISTAKES, ids=[m.name for m in MISTAKES])
 def test_a_mistake_is_one_line_and_exit_2(mistake, answers):
