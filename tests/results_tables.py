@@ -423,6 +423,50 @@ def gpu_rows() -> Rows:
     }
 
 
+def spread(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:+.3f} ({lo:+.3f} to {hi:+.3f})"
+
+
+def seeded_rows() -> Rows:
+    """Recipes over three seeds on the test split: gains from step 0 to the last step,
+    the mean and the seeds' range."""
+    vlm = load("vlm_genrm/clip_words.json")["test"]["summary"]
+
+    def g(d: dict, key: str) -> str:
+        return spread(d[key]["mean"], d[key]["min"], d[key]["max"])
+
+    p = vlm["parse_rate_last_eval"]
+    out: Rows = {
+        "`vlm_genrm_tiny.yaml`": [
+            None,
+            g(vlm, "judged_heldout_gain"),
+            f"images {g(vlm, 'check_heldout_images_gain')}; "
+            f"clips {g(vlm, 'check_heldout_clips_gain')}",
+            f"parse at the last eval {p['mean']:.3f} ({p['min']:.3f}-{p['max']:.3f})",
+            "150/150",
+            "results/vlm_genrm/clip_words.json",
+        ]
+    }
+    rescored = load("geneval/rescored_checker.json")["summary"]
+    for short, name in (("nft", "flow_nft_geneval_tiny"), ("grpo", "flow_grpo_geneval_tiny")):
+        run = load(f"geneval/{name}.json")
+        sm, fixed = run["summary"], rescored[short]
+        steps = {f"{r['steps_done']}/{r['steps_planned']}" for r in run["runs"]}
+        assert len(steps) == 1, steps
+        bg = sm["background_ratio/last"]
+        out[f"`{name}.yaml`"] = [
+            None,
+            g({"x": sm["judged_heldout/gain"]}, "x"),
+            f"checker {fixed['checker_heldout_base']:.3f} {ARROW} "
+            f"{fixed['checker_heldout_final_mean']:.3f} "
+            f"({spread(fixed['gain_mean'], fixed['gain_min'], fixed['gain_max'])})",
+            f"background {bg['mean']:.2f}x (max {bg['max']:.2f}x)",
+            steps.pop(),
+            f"results/geneval/{name}.json, results/geneval/rescored_checker.json",
+        ]
+    return out
+
+
 # ---------------------------------------------------------------------------- tables
 
 
@@ -458,6 +502,12 @@ TABLES = {
         "recipe | split, seed | held-out: judged or reward | held-out: independent check | "
         "background texture | steps | training minutes | machine, date | result",
         recipe_rows,
+    ),
+    "seeds": Table(
+        B,
+        "recipe | split, seeds | judged held-out, gain | independent check held-out, gain | "
+        "sample quality | steps | result",
+        seeded_rows,
     ),
     "TRL": Table(
         B,
