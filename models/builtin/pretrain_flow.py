@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmyatt.datasets.geneval import draw_scene, geneval_records
 from mmyatt.datasets.geneval import vocab as geneval_vocab
 from mmyatt.datasets.shapes import (
     COLOURS,
@@ -76,6 +77,13 @@ from mmyatt.datasets.shapes import (
 from mmyatt.models.builtin.flow_tiny import build_tiny_flow_model
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.protocols import Sampling, prompt_seed
+from mmyatt.rewards.geneval_check import accuracy_by_kind, geneval_check
+from mmyatt.rewards.image import (
+    colour_match,
+    motion_direction,
+    prompt_alignment_rule,
+    shape_match,
+)
 from mmyatt.step.lr_schedule import cosine_schedule
 
 logger = logging.getLogger(__name__)
@@ -91,8 +99,6 @@ def shape_vocab() -> list[str]:
 def _batch(kind: str, n: int, size: int, num_frames: int, rng: np.random.Generator) -> list[dict]:
     seed = int(rng.integers(2**31))
     if kind == "geneval":  # the tiny GenEval's drawn scenes, its five kinds shuffled
-        from mmyatt.datasets.geneval import draw_scene, geneval_records
-
         recs = geneval_records(n, seed)
         recs = [recs[i] for i in rng.permutation(n)]
         for r in recs:
@@ -125,12 +131,6 @@ def evaluate_alignment(
     Images: prompt_alignment_rule, colour_match, shape_match. Video: also
     motion_direction (the image rules averaged over frames).
     """
-    from mmyatt.rewards.image import (
-        colour_match,
-        motion_direction,
-        prompt_alignment_rule,
-        shape_match,
-    )
 
     video = policy.family == "wan"
     recs = motion_records(n, seed) if video else shape_records(n, seed)
@@ -164,8 +164,6 @@ def evaluate_geneval(
     """ODE (greedy) samples for ``n`` prompts of ``split``'s held-out combinations of the
     tiny GenEval and ``n // 2`` trained ones ("val" to choose, "test" to report); the
     independent checker's accuracy per kind: {"heldout": {...}, "seen": {...}}."""
-    from mmyatt.datasets.geneval import geneval_records
-    from mmyatt.rewards.geneval_check import accuracy_by_kind, geneval_check
 
     sets = {
         "heldout": geneval_records(n, seed + 101, heldout=split),

@@ -37,6 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from mmyatt.datasets import geneval as ge
+from mmyatt.models.builtin.critic import augment_image
+from mmyatt.models.builtin.train_tiny_judge import _messages, sft_step
+from mmyatt.models.vlm import VLMPolicy
+from mmyatt.rewards.vqa import answer_probability
+from mmyatt.step.lr_schedule import cosine_schedule
+
 
 def _builtin(name: str) -> Path:
     return Path(__file__).resolve().parent / name
@@ -52,7 +59,6 @@ def set_image_side(model_dir: str | Path, side: int) -> None:
 
 def answer_accuracy(policy, records: list[dict], batch_size: int = 64) -> dict[str, float]:
     """Greedy first-token accuracy, overall and per ``task``."""
-    from mmyatt.models.builtin.train_tiny_judge import _messages
 
     hits: dict[str, list[bool]] = {}
     for start in range(0, len(records), batch_size):
@@ -69,9 +75,6 @@ def reward_separation(policy, split: str, *, n: int = 100, seed: int = 0) -> dic
     """What the judge pays (GenRM vqa, product of the two questions) for scenes drawn
     for ``split``'s held-out prompts ("pos") and for the same prompts with a scene of
     another prompt of the same kind ("neg"); "pairs": how often pos > neg."""
-    from mmyatt.datasets import geneval as ge
-    from mmyatt.models.builtin.train_tiny_judge import _messages
-    from mmyatt.rewards.vqa import answer_probability
 
     recs = ge.geneval_records(n, seed, heldout=split)
     g = np.random.default_rng([seed, 56])
@@ -116,12 +119,6 @@ def train_geneval_judge(
     """Fine-tune ``start`` (default ``builtin:shape_judge``) into ``out_dir``; returns
     {"best", "test", "reward_val", "reward_test", "steps", "seconds"}."""
     import torch
-
-    from mmyatt.datasets import geneval as ge
-    from mmyatt.models.builtin.critic import augment_image
-    from mmyatt.models.builtin.train_tiny_judge import sft_step
-    from mmyatt.models.vlm import VLMPolicy
-    from mmyatt.step.lr_schedule import cosine_schedule
 
     torch.manual_seed(seed)
     work = Path(out_dir)
