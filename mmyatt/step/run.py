@@ -20,12 +20,12 @@ import transformers
 from mmyatt.checkpoint.checkpointer import Checkpointer
 from mmyatt.cli import user_errors
 from mmyatt.cli.user_errors import ControllerUserError, PeerErrors
+from mmyatt.config.builtin import check_builtin_paths  # noqa: F401 (registers a config check)
 from mmyatt.config.schema import ConfigError, RunConfig, dump_yaml, load_config
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.media import check_media
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
 from mmyatt.engines import close_engines, controller_dist, group_reward
-from mmyatt.models.builtin import check_builtin_paths  # noqa: F401 (registers a config check)
 from mmyatt.outputs import run_identity
 from mmyatt.outputs.metrics import read_metrics
 from mmyatt.outputs.samples import save_samples
