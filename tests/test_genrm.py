@@ -10,6 +10,7 @@ import math
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,8 +106,15 @@ def client(fake_server):
     c.close()
 
 
-def test_fake_judge_is_a_judge_model():
-    assert isinstance(FakeJudge(), JudgeModel)
+def test_the_shipped_judges_are_judge_models(tiny_judge_dir):
+    """Both kinds of judge load_judge returns satisfy the server's protocol, and an object
+    that lacks its methods does not (the check can fail)."""
+    builtin = Path(__file__).resolve().parents[1] / "models" / "builtin"
+    vlm = load_judge(builtin / "tiny_judge", device="cpu")
+    assert isinstance(vlm, JudgeModel) and not isinstance(vlm, TextJudge)
+    text = load_judge(tiny_judge_dir, device="cpu")
+    assert isinstance(text, TextJudge) and isinstance(text, JudgeModel)
+    assert not isinstance(object(), JudgeModel)
 
 
 def test_yes_prob_equals_softmax_over_yes_no_logits(client):
