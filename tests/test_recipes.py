@@ -110,7 +110,14 @@ def run_recipe(tmp_path, recipe: str, steps: int = 1) -> tuple[Path, list[dict]]
     return run, [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
+# the tiny GenEval recipes run in `make test-slow`: they keep `make test` under 15 minutes
+SLOW = {"flow_grpo_geneval_tiny.yaml", "flow_nft_geneval_tiny.yaml"}
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [pytest.param(r, marks=pytest.mark.slow) if r in SLOW else r for r in sorted(RECIPES)],
+)
 def test_recipe_runs_one_step(tmp_path, recipe):
     run, rows = run_recipe(tmp_path, recipe)
     assert "eval/reward/mean" in rows[0] and "eval/reward/mean" in rows[-1]
