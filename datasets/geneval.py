@@ -37,13 +37,22 @@ scene drawn from a held-out prompt (``judge_records``); validation chooses, test
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .shapes import _SUPERSAMPLE, BACKGROUND, COLOURS, HELDOUT_TEST, HELDOUT_VAL, SHAPES, _paint
+from .shapes import (
+    BACKGROUND,
+    COLOURS,
+    HELDOUT_TEST,
+    HELDOUT_VAL,
+    SHAPES,
+    SUPERSAMPLE,
+    mix_eval_split,
+    paint_shape,
+    write_splits,
+)
 
 __all__ = [
     "IMAGE_SIZE",
@@ -319,11 +328,11 @@ def draw_scene(
     radius = RADIUS_SINGLE if len(objs) == 1 else RADIUS_MANY
     while not _place(objs, size, g, scene.get("relation"), radius):
         radius = (radius[0] * 0.9, radius[1] * 0.9)  # crowded: smaller objects
-    k = _SUPERSAMPLE
+    k = SUPERSAMPLE
     img = Image.new("RGB", (size * k, size * k), BACKGROUND)
     draw = ImageDraw.Draw(img)
     for o in objs:
-        _paint(draw, o["shape"], o["cx"] * k, o["cy"] * k, o["r"] * k, COLOURS[o["colour"]])
+        paint_shape(draw, o["shape"], o["cx"] * k, o["cy"] * k, o["r"] * k, COLOURS[o["colour"]])
     return img.resize((size, size), Image.BOX), objs
 
 
@@ -368,21 +377,8 @@ def write_geneval_task(
         seen = [{**r, "split": "seen"} for r in geneval_records(n_eval // 2, base + 1)]
         for r in held + seen:
             r["id"] = f"{name}-{r['id']}"
-        mixed, j = [], 0
-        for i, r in enumerate(held):
-            mixed.append(r)
-            if i % 2 == 1 and j < len(seen):
-                mixed.append(seen[j])
-                j += 1
-        splits[name] = mixed + seen[j:]
-    paths = {}
-    for name, recs in splits.items():
-        path = out / f"{name}.jsonl"
-        with path.open("w") as f:
-            for rec in recs:
-                f.write(json.dumps(rec) + "\n")
-        paths[name] = path
-    return paths
+        splits[name] = mix_eval_split(held, seen)
+    return write_splits(out, splits)
 
 
 # --- judge data: drawn scenes, questions answered from the drawing ------------------------

@@ -88,7 +88,7 @@ MOTION_HELDOUT_VAL: tuple[tuple[str, str, str], ...] = (
 )
 MOTION_HELDOUT = MOTION_HELDOUT_TEST + MOTION_HELDOUT_VAL
 BACKGROUND = (24, 24, 32)  # plain dark background: foreground = bright, saturated pixels
-_SUPERSAMPLE = 4  # draw at 4x and box-downsample: smooth edges, exact fill ratios
+SUPERSAMPLE = 4  # draw at 4x and box-downsample: smooth edges, exact fill ratios
 
 
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
@@ -103,7 +103,9 @@ def _check(colour: str | None, shape: str) -> None:
         raise ValueError(f"unknown shape {shape!r}; expected one of {list(SHAPES)}")
 
 
-def _paint(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill) -> None:
+def paint_shape(
+    draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill
+) -> None:
     """A shape of half-extent r centred at (cx, cy), axis-aligned: its bounding-box fill
     ratio is 1 for a square, pi/4 for a circle and 1/2 for the triangle."""
     box = [cx - r, cy - r, cx + r, cy + r]
@@ -119,10 +121,10 @@ def _render(
     colour: str | tuple[int, int, int], shape: str, size: int, cx: float, cy: float, r: float
 ) -> Image.Image:
     """``colour``: a palette name or an RGB triple."""
-    k = _SUPERSAMPLE
+    k = SUPERSAMPLE
     img = Image.new("RGB", (size * k, size * k), BACKGROUND)
     fill = COLOURS[colour] if isinstance(colour, str) else tuple(colour)
-    _paint(ImageDraw.Draw(img), shape, cx * k, cy * k, r * k, fill)
+    paint_shape(ImageDraw.Draw(img), shape, cx * k, cy * k, r * k, fill)
     return img.resize((size, size), Image.BOX)
 
 
@@ -292,6 +294,30 @@ def moving_shape_clip(
     return frames
 
 
+def mix_eval_split(heldout: list[dict], seen: list[dict]) -> list[dict]:
+    """An eval split's order: two held-out records, then one seen, the rest of the seen
+    ones at the end (so a short eval prefix holds both kinds)."""
+    mixed, j = [], 0
+    for i, r in enumerate(heldout):
+        mixed.append(r)
+        if i % 2 == 1 and j < len(seen):
+            mixed.append(seen[j])
+            j += 1
+    return mixed + seen[j:]
+
+
+def write_splits(out: Path, splits: dict[str, list[dict]]) -> dict[str, Path]:
+    """Each split as ``out/<name>.jsonl``, one record per line; returns the paths."""
+    paths = {}
+    for name, recs in splits.items():
+        path = out / f"{name}.jsonl"
+        with path.open("w") as f:
+            for rec in recs:
+                f.write(json.dumps(rec) + "\n")
+        paths[name] = path
+    return paths
+
+
 def write_shape_task(
     out_dir: str | Path,
     *,
@@ -327,18 +353,5 @@ def write_shape_task(
         base = seed + 1 + 2 * k
         heldout = [{**r, "split": "heldout"} for r in make(n_eval, base, only=combos)]
         seen = [{**r, "split": "seen"} for r in make(n_eval // 2, base + 1, held)]
-        mixed, j = [], 0
-        for i, r in enumerate(heldout):  # two held-out records, then one seen
-            mixed.append(r)
-            if i % 2 == 1 and j < len(seen):
-                mixed.append(seen[j])
-                j += 1
-        splits[name] = mixed + seen[j:]
-    paths = {}
-    for name, recs in splits.items():
-        path = out / f"{name}.jsonl"
-        with path.open("w") as f:
-            for rec in recs:
-                f.write(json.dumps(rec) + "\n")
-        paths[name] = path
-    return paths
+        splits[name] = mix_eval_split(heldout, seen)
+    return write_splits(out, splits)
