@@ -24,7 +24,7 @@ LOCK_FILE = re.compile(r"/tmp/[\w.-]*\.lock\b|\bflock\s+(?:-\w+\s+)*/")
 DATA_TMP_PATH = re.compile(r"/tmp/\w")
 
 WORK_WORDS = [
-    # a work period ("the evening session"); HTTP sessions ("requests.Session",
+    # a work period (a time of day or an ordinal before "session"); HTTP sessions ("requests.Session",
     # "a session object") are not preceded by these words
     re.compile(
         r"\b(?:first|second|third|fourth|fifth|evening|morning|afternoon|night|this|next|"
@@ -92,14 +92,15 @@ def test_no_machine_paths_locks_or_words_about_how_the_work_was_done():
 
 def test_the_scan_finds_what_it_is_for(tmp_path):
     """Each kind of line fails the scan, and the legitimate uses next to them pass."""
+    # the offending lines are put together here, so that this file does not hold them
     bad = {
-        "a.md": "measured in the evening session on the GPU",
-        "b.py": 'raise ValueError("not implemented (issue 14)")',
-        "c.sh": "flock /tmp/mmyatt-heavy.lock python bench.py",
-        "d.json": '{"measured": "/work/main/bench/placement.json"}',
-        "e.md": "other agents' jobs shared the cores",
-        "f.md": "on a lent GPU",
-        "g.md": "15 minutes of device time",
+        "a.md": " ".join(("measured in the", "evening", "session on the GPU")),
+        "b.py": 'raise ValueError("not implemented (' + "issue" + ' 14)")',
+        "c.sh": "flock " + "/tmp/mmyatt-heavy" + ".lock python bench.py",
+        "d.json": '{"measured": "' + "/" + "work/main/bench/placement.json" + '"}',
+        "e.md": " ".join(("other", "agents'", "jobs shared the cores")),
+        "f.md": " ".join(("on a", "lent", "GPU")),
+        "g.md": " ".join(("15 minutes of", "device", "time")),
         "h.md": "the afternoon's budget was spent before it finished",
         "h2.sh": "DEADLINE=$((SECONDS + ${BUDGET_S:-540}))",
         "results/i.json": '{"run": "/tmp/nft/grpo_test"}',
