@@ -26,6 +26,7 @@ from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
 from . import cpu_kernels, decode
+from .logprobs import token_logprobs
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
 
@@ -267,9 +268,10 @@ class TextPolicy:
 
         A forward over prompt + completion (the prompt once per group, see
         ``_action_logits``) with the sampling-time position ids and temperature; the
-        log-prob of each action is its logit minus the logsumexp, the full log-softmax
-        is only built for the entropy. Leading columns that are padding in every row and trailing action
-        columns masked in every row are skipped: they cannot affect any kept value.
+        log-prob of each action is its logit minus the logsumexp, taken a chunk of rows at
+        a time (``models.logprobs.token_logprobs``). Leading columns that are padding in
+        every row and trailing action columns masked in every row are skipped: they
+        cannot affect any kept value.
         """
         device = self._device()
         ids = rollout.context["input_ids"].to(device)  # (N, P + A)
@@ -287,14 +289,16 @@ class TextPolicy:
         # Position P - 1 + k predicts action k, so the last action is never an input.
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
         logits = self._action_logits(ids, attn, P - first, last)  # (N, last, V)
-        logits = decode.temper(logits, temperature, self.banned_tokens)
         kept = mask[:, :last]
-        lp = decode.chosen_logprob(logits, actions[:, :last])
+        # in chunks of rows, never the (N, last, V) logits in fp32 (models/logprobs.py)
+        scored = token_logprobs(
+            logits, actions[:, :last], temperature, self.banned_tokens, with_entropy=with_entropy
+        )
+        lp, entropy = scored if with_entropy else (scored, None)
         # where, not multiply: a masked action (pad) can score -inf-like and 0 * -inf = NaN.
         lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
         if not with_entropy:
             return lp
-        entropy = decode.entropy(logits)  # banned ids: 0 * finite = 0
         return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
 
     def _action_logits(self, ids: Tensor, attn: Tensor, P: int, last: int) -> Tensor:

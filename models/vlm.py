@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmyatt.models import decode  # one decode loop for text and VLM
+from mmyatt.models.logprobs import token_logprobs
 from mmyatt.models.text import _eos_ids
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
@@ -343,13 +344,19 @@ class VLMPolicy:
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
         positions = self._positions(ids, attn, media)
         out = self._forward(model, ids, attn, positions, media=media, keep=last)
-        logp_all = self.tempered(out.logits[:, -last:], temperature).log_softmax(-1)
         kept = mask[:, :last]
-        lp = logp_all.gather(-1, actions[:, :last, None]).squeeze(-1)
+        # in chunks of rows, never the (N, last, V) logits in fp32 (models/logprobs.py)
+        scored = token_logprobs(
+            out.logits[:, -last:],
+            actions[:, :last],
+            temperature,
+            self.banned_tokens,
+            with_entropy=with_entropy,
+        )
+        lp, entropy = scored if with_entropy else (scored, None)
         lp = F.pad(torch.where(kept, lp, 0.0), (0, A - last))
         if not with_entropy:
             return lp
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
         return lp, F.pad(torch.where(kept, entropy, 0.0), (0, A - last))
 
     def sft_loss(self, records: list[dict], target_key: str = "answer") -> Tensor:
