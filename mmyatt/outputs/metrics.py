@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mmyatt.outputs.rollout_log import markdown_table
+
 
 class PhaseTimer:
     """Wall time per phase of a step, e.g. ``with timer("generate"): ...``."""
@@ -110,8 +112,6 @@ class MetricsLogger:
         if not self.enabled or not rows:
             return
         if self._tb is not None:
-            from mmyatt.outputs.trackers import markdown_table
-
             self._tb.add_text("rollouts", markdown_table(rows), step)
         for t in self.trackers:
             t.log_rollouts(step, rows, self.run_dir)

@@ -159,3 +159,41 @@ def truncate_rollouts(run_dir: Path, rank: int, step: int) -> None:
                     f.unlink()
                 if not any(folder.iterdir()):
                     shutil.rmtree(folder, ignore_errors=True)
+
+
+# the logged rows as a table (TensorBoard's Markdown text, wandb's and mlflow's tables)
+TABLE_COLUMNS = ("step", "rank", "prompt_id", "sample", "prompt", "output", "reward", "advantage")
+
+
+def table_rows(rows: list[dict]) -> list[list]:
+    """Rollout rows as table cells in TABLE_COLUMNS order, reward parts and verdicts
+    flattened to text (``name=value``)."""
+    out = []
+    for r in rows:
+        cells = [r.get(c) for c in TABLE_COLUMNS]
+        cells[TABLE_COLUMNS.index("output")] = r.get("output", r.get("output_file"))
+        parts = ", ".join(f"{k}={v:.3f}" for k, v in r.get("parts", {}).items() if is_number(v))
+        verdicts = "; ".join(f"{k}: {verdict_text(v)}" for k, v in r.get("verdicts", {}).items())
+        out.append([*cells, parts, verdicts])
+    return out
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = [*TABLE_COLUMNS, "parts", "verdicts"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cells in table_rows(rows):
+        text = [str(c).replace("|", "\\|").replace("\n", " ") for c in cells]
+        lines.append("| " + " | ".join(text) + " |")
+    return "\n".join(lines)
+
+
+def is_number(v) -> bool:
+    return isinstance(v, int | float)
+
+
+def verdict_text(v: dict) -> str:
+    raw = v.get("raw")
+    raw = raw[0] if isinstance(raw, list) and raw else raw
+    verdict = v.get("verdict")
+    value = f"{verdict:.3f}" if is_number(verdict) else str(verdict)
+    return f"{raw!r} -> {value}"

@@ -28,13 +28,14 @@ from typing import Any, Protocol
 from mmyatt.config.checks import register_check
 from mmyatt.config.errors import ConfigError
 from mmyatt.config.schema import to_dict
+from mmyatt.outputs.metrics import MetricsLogger
+from mmyatt.outputs.rollout_log import TABLE_COLUMNS, table_rows
 
 MODULES = {"wandb": "wandb", "mlflow": "mlflow"}
 INSTALL = {
     "wandb": "pip install 'mmyatt[trackers]'   (or just: pip install wandb)",
     "mlflow": "pip install 'mmyatt[trackers]'   (or just: pip install mlflow-skinny)",
 }
-TABLE_COLUMNS = ("step", "rank", "prompt_id", "sample", "prompt", "output", "reward", "advantage")
 
 
 class Tracker(Protocol):
@@ -74,45 +75,9 @@ def build_trackers(cfg, run_dir: Path) -> list[Tracker]:
 
 def make_logger(cfg, run_dir: Path, enabled: bool):
     """The run's MetricsLogger with the trackers of ``logging.trackers`` (main rank only)."""
-    from mmyatt.outputs.metrics import MetricsLogger
-
     tb = "tensorboard" in cfg.logging.trackers
     trackers = build_trackers(cfg, Path(run_dir)) if enabled else []
     return MetricsLogger(run_dir, enabled=enabled, tensorboard=tb, trackers=trackers)
-
-
-def table_rows(rows: list[dict]) -> list[list]:
-    """Rollout rows as table cells in TABLE_COLUMNS order, reward parts and verdicts
-    flattened to text (``name=value``)."""
-    out = []
-    for r in rows:
-        cells = [r.get(c) for c in TABLE_COLUMNS]
-        cells[TABLE_COLUMNS.index("output")] = r.get("output", r.get("output_file"))
-        parts = ", ".join(f"{k}={v:.3f}" for k, v in r.get("parts", {}).items() if _is_num(v))
-        verdicts = "; ".join(f"{k}: {_verdict_text(v)}" for k, v in r.get("verdicts", {}).items())
-        out.append([*cells, parts, verdicts])
-    return out
-
-
-def markdown_table(rows: list[dict]) -> str:
-    head = [*TABLE_COLUMNS, "parts", "verdicts"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for cells in table_rows(rows):
-        text = [str(c).replace("|", "\\|").replace("\n", " ") for c in cells]
-        lines.append("| " + " | ".join(text) + " |")
-    return "\n".join(lines)
-
-
-def _is_num(v) -> bool:
-    return isinstance(v, int | float)
-
-
-def _verdict_text(v: dict) -> str:
-    raw = v.get("raw")
-    raw = raw[0] if isinstance(raw, list) and raw else raw
-    verdict = v.get("verdict")
-    value = f"{verdict:.3f}" if _is_num(verdict) else str(verdict)
-    return f"{raw!r} -> {value}"
 
 
 class WandbTracker:
