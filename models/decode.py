@@ -311,7 +311,30 @@ def share_prefix_rows(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # --- a decode step over a pre-allocated KV cache (Llama-family causal LMs) -------------
-_STATIC_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+# Llama-family decoders, and the language models of Qwen2-VL / Qwen2.5-VL (the same
+# blocks; their M-RoPE tables come from the model's own rotary module)
+_STATIC_TYPES = ("llama", "qwen2", "qwen3", "mistral", "qwen2_vl_text", "qwen2_5_vl_text")
+
+
+def decoder_stack(model):
+    """The decoder stack (embed_tokens, layers, norm, rotary_emb) of a causal LM
+    (``model.model``) or of a VLM (``model.model.language_model``); None if neither."""
+    base = getattr(model, "model", None)
+    lm = getattr(base, "language_model", None)
+    return lm if lm is not None else base
+
+
+def project_qkv(attn, x: Tensor, cos: Tensor, sin: Tensor, rope) -> tuple[Tensor, Tensor, Tensor]:
+    """q (N, H, 1, D), k and v (N, Hkv, 1, D) of one new token: ``attn``'s projections,
+    Qwen3's q/k norms where present, RoPE on q and k."""
+    n = x.shape[0]
+    q = attn.q_proj(x).view(n, 1, -1, attn.head_dim)
+    k = attn.k_proj(x).view(n, 1, -1, attn.head_dim)
+    if hasattr(attn, "q_norm"):  # Qwen3
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    v = attn.v_proj(x).view(n, 1, -1, attn.head_dim).transpose(1, 2)
+    return q, k, v
 
 
 class StaticKVDecoder:
@@ -323,14 +346,16 @@ class StaticKVDecoder:
     concatenated) and the attention of the one new query against it: grouped matmuls
     and a softmax in fp32 with an additive mask for the prompt's left padding. Built
     from the Hugging Face cache after the prefill. ``supports(model)`` says when it
-    applies; otherwise the adapter decodes with the model's ``forward``.
+    applies; otherwise the adapter decodes with the model's ``forward``. Each step
+    attends the columns written so far (shapes grow by one a step);
+    ``models.fast_decode`` has the fixed-shape variant that can be compiled.
     """
 
     @staticmethod
     def supports(model) -> bool:
-        cfg = getattr(model, "config", None)
-        base = getattr(model, "model", None)
-        if cfg is None or base is None or getattr(cfg, "model_type", None) not in _STATIC_TYPES:
+        base = decoder_stack(model)
+        cfg = getattr(base, "config", None)
+        if cfg is None or getattr(cfg, "model_type", None) not in _STATIC_TYPES:
             return False
         if getattr(cfg, "use_sliding_window", False) or (
             cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)
@@ -350,7 +375,7 @@ class StaticKVDecoder:
     def __init__(self, model, cache, prompt_mask: Tensor, max_new_tokens: int):
         import sys
 
-        self.model, self.base = model, model.model
+        self.model, self.base = model, decoder_stack(model)
         self.layers = list(self.base.layers)
         attn0 = self.layers[0].self_attn
         self.rope = sys.modules[type(attn0).__module__].apply_rotary_pos_emb
@@ -382,14 +407,9 @@ class StaticKVDecoder:
         n = h.shape[0]
         for layer, ks, vs in zip(self.layers, self.keys, self.values):
             a = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = a.q_proj(x).view(n, 1, -1, a.head_dim)
-            k = a.k_proj(x).view(n, 1, -1, a.head_dim)
-            if hasattr(a, "q_norm"):  # Qwen3
-                q, k = a.q_norm(q), a.k_norm(k)
-            q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k, v = project_qkv(a, layer.input_layernorm(h), cos, sin, self.rope)
             ks[:, :, col : col + 1] = k
-            vs[:, :, col : col + 1] = a.v_proj(x).view(n, 1, -1, a.head_dim).transpose(1, 2)
+            vs[:, :, col : col + 1] = v
             kv_heads = ks.shape[1]
             qg = q.reshape(n, kv_heads, -1, a.head_dim)  # (N, Hkv, group, D)
             scores = torch.matmul(qg, ks[:, :, : col + 1].transpose(-1, -2)) * a.scaling

@@ -26,6 +26,7 @@ from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
 from . import cpu_kernels, decode
+from .fast_decode import FastDecode
 from .logprobs import token_logprobs
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
@@ -119,6 +120,18 @@ class TextPolicy:
         self.cpu_kernels = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
         self._can_share_prefix = hasattr(self._new_cache(), "layers")
+        # rollout.hf_static_cache / compile_decode (set_decode): fixed-shape decode steps
+        # over a cache kept between rollouts, compiled or not; None: the steps above
+        self.fast_decode: FastDecode | None = None
+
+    def set_decode(self, static_cache: bool, compile_step: bool = False) -> None:
+        """Decode steps of one fixed shape over a kept key/value cache
+        (``models.fast_decode``), compiled with ``compile_step``; False: as built."""
+        if compile_step and not static_cache:
+            raise ValueError("compile_decode needs hf_static_cache (a fixed-shape step)")
+        if static_cache:
+            FastDecode.check(self.model)
+        self.fast_decode = FastDecode(compile_step) if static_cache else None
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -221,7 +234,13 @@ class TextPolicy:
             out = self._forward(token[:, None], cols, next_position + t, cache=cache, keep=1)
             return out.logits[:, -1]
 
-        if (
+        if self.fast_decode is not None and self._can_share_prefix:
+            fast = self.fast_decode.stepper(self.model, cache, prompt_mask, A)
+
+            def forward_next(token: Tensor, t: int) -> Tensor:  # noqa: F811 (fixed shape)
+                return fast(token, next_position + t, t)
+
+        elif (
             self.static_decode
             and self._can_share_prefix
             and decode.StaticKVDecoder.supports(self.model)

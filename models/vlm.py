@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmyatt.models import decode  # one decode loop for text and VLM
+from mmyatt.models.fast_decode import FastDecode
 from mmyatt.models.logprobs import token_logprobs
 from mmyatt.models.text import _eos_ids
 from mmyatt.protocols import Sampling, seeded_generator
@@ -100,6 +101,9 @@ class VLMPolicy:
         self.max_prompt_tokens = int(max_prompt_tokens)
         self.reference: nn.Module | None = None
         self.stats: dict[str, int] = {"samples_generated": 0, "tokens_generated": 0}
+        # rollout.hf_static_cache / compile_decode (set_decode): fixed-shape decode steps
+        # over a cache kept between rollouts (models/fast_decode.py); None: model.forward
+        self.fast_decode: FastDecode | None = None
 
         config = model.config
         self.image_token_id = int(config.image_token_id)
@@ -223,6 +227,16 @@ class VLMPolicy:
             raise RuntimeError("call enable_reference() before reference_logprobs()")
         return self._logprobs(self.reference, rollout, with_entropy=False)
 
+    def set_decode(self, static_cache: bool, compile_step: bool = False) -> None:
+        """Decode steps of one fixed shape over a kept key/value cache
+        (``models.fast_decode``, the language model's blocks), compiled with
+        ``compile_step``; False: every step through the model's ``forward``."""
+        if compile_step and not static_cache:
+            raise ValueError("compile_decode needs hf_static_cache (a fixed-shape step)")
+        if static_cache:
+            FastDecode.check(self.model)
+        self.fast_decode = FastDecode(compile_step) if static_cache else None
+
     # --- sampling -------------------------------------------------------------------
     @torch.no_grad()
     def generate(
@@ -290,6 +304,12 @@ class VLMPolicy:
             cols = attn[:, : P + t + 1]
             out = self._forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
             return out.logits[:, -1]
+
+        if self.fast_decode is not None:  # text positions: the same on M-RoPE's 3 axes
+            fast = self.fast_decode.stepper(self.model, cache, prompt_mask, A)
+
+            def forward_next(token: Tensor, t: int) -> Tensor:  # noqa: F811 (fixed shape)
+                return fast(token, (next_pos + t)[:, None], t)
 
         res, outputs = decode.sample(
             self,
