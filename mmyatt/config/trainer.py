@@ -3,11 +3,16 @@ trackers."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, create_model
 
+from mmyatt.config.checks import register_check
+from mmyatt.config.errors import ConfigError
 from mmyatt.config.section import Bool, Float, Int, Section, Str, Strings, one_or_many
+
+if TYPE_CHECKING:
+    from mmyatt.config.run import RunConfig
 
 
 class SFTConfig(Section):
@@ -35,7 +40,25 @@ class SFTConfig(Section):
     vision tower on the warm start's data while RL keeps model.freeze's [model.visual])"""
 
 
-class TrainerConfig(Section):
+class AsyncConfig(Section):
+    """Rollouts made ahead of the update (docs/async.md): a producer thread generates and
+    scores the next steps' batches with a rollout-side copy of the policy while the
+    trainer updates; the loss is decoupled PPO (proximal log-probs recomputed, the
+    behaviour ratio capped at rollout.is_cap)."""
+
+    mode: Literal["sync", "one_step_off", "fully_async"] = "sync"
+    """sync: each step waits for its own rollouts; one_step_off: step t trains on rollouts
+    made with the weights after step t-2 (synced every step); fully_async: up to
+    max_staleness steps ahead, weights synced every sync_every steps"""
+    max_staleness: Int = Field(1, ge=0)
+    """a sample made with weights this many updates older than the trainer's is the oldest
+    that may reach the loss (older ones are dropped and counted); 0: the synchronous step"""
+    sync_every: Int = Field(1, ge=1)
+    """fully_async: the rollout side takes the trainer's weights every N steps (needs
+    max_staleness >= N - 1); one_step_off syncs every step"""
+
+
+class _TrainerFields(Section):
     steps: Int = Field(100, ge=1)
     """RL steps (one batch of data.prompts_per_step prompts each)"""
     max_minutes: Float | None = Field(None, gt=0)
@@ -57,6 +80,77 @@ class TrainerConfig(Section):
     eval_sampling: Literal["greedy", "sample"] = "greedy"
     """sample: at the training temperature, and greedy accuracy is logged as
     eval/greedy_accuracy too"""
+
+
+# ``async`` is a Python keyword: the field is added by name (read it with
+# ``async_settings(cfg.trainer)``)
+TrainerConfig = create_model(
+    "TrainerConfig",
+    __base__=_TrainerFields,
+    __module__=__name__,
+    __doc__=None,
+    **{
+        "async": (
+            AsyncConfig,
+            Field(default_factory=AsyncConfig, description="rollouts made ahead of the update"),
+        )
+    },
+)
+
+
+def async_settings(trainer) -> AsyncConfig:
+    """``trainer.async`` of a TrainerConfig."""
+    return getattr(trainer, "async")
+
+
+@register_check
+def check_async(cfg: RunConfig) -> None:
+    """trainer.async beyond sync: what it runs with in this version, each limit named with
+    the way out."""
+    a = async_settings(cfg.trainer)
+    if a.mode == "sync":
+        return
+    key = f"trainer.async.mode={a.mode}"
+    rules = [
+        (
+            a.mode != "one_step_off" or a.sync_every == 1,
+            f"{key} syncs the weights every step; trainer.async.sync_every={a.sync_every} "
+            "applies to fully_async (leave it at 1, or use mode=fully_async)",
+        ),
+        (
+            a.mode != "fully_async" or a.max_staleness >= a.sync_every - 1,
+            f"{key} with trainer.async.sync_every={a.sync_every} trains on samples up to "
+            f"{a.sync_every - 1} steps old: trainer.async.max_staleness must be >= "
+            f"{a.sync_every - 1}, got {a.max_staleness}",
+        ),
+        (
+            cfg.distributed.nproc == 1,
+            f"{key} runs one controller (its producer thread shares no process group); "
+            f"distributed.nproc={cfg.distributed.nproc}: set distributed.nproc=1 or "
+            "trainer.async.mode=sync",
+        ),
+        (
+            cfg.placement.mode == "shared",
+            f"{key} overlaps generation with the update, which placement.mode="
+            f"{cfg.placement.mode} runs in series on pinned cores: set placement.mode=shared "
+            "or trainer.async.mode=sync",
+        ),
+        (
+            cfg.train.backend == "replica" and cfg.rollout.backend == "hf",
+            f"{key} keeps a rollout-side copy of an hf policy on the replica engine; "
+            f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend} are "
+            "not supported with it: use train.backend=replica, rollout.backend=hf or "
+            "trainer.async.mode=sync",
+        ),
+        (
+            not cfg.placement.offload_policy,
+            f"{key} keeps the policy on its device while the update runs: set "
+            "placement.offload_policy=false or trainer.async.mode=sync",
+        ),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)
 
 
 class CheckpointConfig(Section):

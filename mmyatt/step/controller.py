@@ -42,9 +42,17 @@ from mmyatt.outputs.rollout_log import truncate_rollouts, write_rollouts
 from mmyatt.placement.runner import Placement
 from mmyatt.protocols import EMA, RolloutStats, capable, require
 from mmyatt.rollout import Rollout
+from mmyatt.step.async_rollouts import (
+    AsyncRollouts,
+    AsyncSettings,
+    drop_stale,
+    load_weights,
+    rollout_copy,
+    sampling_weights,
+)
 from mmyatt.step.batches import MicroBatches, Minibatches, group_index
 from mmyatt.step.evaluation import Evaluator
-from mmyatt.step.policy_loss import PolicyLoss
+from mmyatt.step.policy_loss import BEHAVIOUR, BEHAVIOUR_CLIPPED, PolicyLoss
 from mmyatt.step.sampling import DynamicSampling, SamplingSchedule
 from mmyatt.step.trainer import SKIPPED, Trainer
 
@@ -52,7 +60,9 @@ from mmyatt.step.trainer import SKIPPED, Trainer
 class Controller:
     """One rank's step, from the objects ``mmyatt.step.builders.build_controller`` makes:
     ``groups`` prompt groups of G = ``group_size`` samples per generation round;
-    ``nonfinite_reward``: "skip" a step with a NaN/inf reward (counted), or "fail"."""
+    ``nonfinite_reward``: "skip" a step with a NaN/inf reward (counted), or "fail";
+    ``async_settings``: the step's batches made ahead by a producer thread
+    (``mmyatt.step.async_rollouts``), None: each step collects its own."""
 
     def __init__(
         self,
@@ -76,6 +86,7 @@ class Controller:
         group_size: int,
         nonfinite_reward: str = "skip",
         rollouts_per_step: int = 0,
+        async_settings: AsyncSettings | None = None,
     ):
         self.dist, self.run_dir = dist, Path(run_dir)
         self.policy, self.engine, self.shard = policy, engine, shard
@@ -92,6 +103,17 @@ class Controller:
         self.last_rollout: Rollout | None = None
         self.consumed: list[int] = []  # manifest indices drawn in the current step
         self.counters = {"faults/nonfinite_reward_steps": 0, "faults/nonfinite_loss_steps": 0}
+        self.rollouts: AsyncRollouts | None = None
+        if async_settings is not None:
+            self.counters["async/dropped_samples_total"] = 0
+            self.rollouts = AsyncRollouts(
+                async_settings,
+                make_copy=lambda: rollout_copy(self.policy, self.loss.sampling),
+                snapshot=lambda: sampling_weights(self.policy, self.loss.sampling),
+                load=load_weights,
+                collect=self._produce,
+                local_state=self._data_state,
+            )
 
     # ------------------------------------------------------------------ the step
     def step(self) -> dict[str, float]:
@@ -102,17 +124,14 @@ class Controller:
         timer = PhaseTimer()
         self.consumed, self.last_rollout = [], None  # a skipped step logs no rollout
 
-        # collect: generate + reward, as the placement mode says (+ DAPO refill rounds)
-        sampling = self.schedule.train(self.step_count)
-        self.dynamic.begin()
-        complete = False
-        with self.loss.sampling():  # the policy that samples (DiffusionNFT: its old copy)
-            while not complete:
-                scored = self.placement.produce(self.groups, sampling, timer)
-                self.consumed += [rec["_index"] for rec in scored.records[:: self.group_size]]
-                complete = self.dynamic.keep(scored)
-        rollout, dyn = self.dynamic.batch()
-        if rollout is None:  # every group everywhere had equal rewards
+        # collect: generate + reward, as the placement mode says (+ DAPO refill rounds);
+        # with trainer.async, the batch the producer made ahead
+        if self.rollouts is None:
+            with self.loss.sampling():  # the policy that samples (DiffusionNFT: its old copy)
+                rollout, dyn, self.consumed = self._collect(self.step_count, timer)
+        else:
+            rollout, dyn = self._take(timer)
+        if rollout is None:  # every group everywhere had equal rewards (or was too stale)
             return self._end_step({**dyn, **timer.metrics()})
         if self.dist.any(not torch.isfinite(rollout.rewards).all()):
             self.counters["faults/nonfinite_reward_steps"] += 1
@@ -135,12 +154,58 @@ class Controller:
             self.counters["faults/nonfinite_loss_steps"] += 1
         self.last_rollout = train if not self.minibatches.balanced else rollout  # this rank's
         metrics = rollout_metrics(rollout, self.dist, self.policy)
+        if self.rollouts is not None:
+            metrics.update(behaviour_metrics(train))
         return self._end_step({**metrics, **dyn, **upd, **bal, **timer.metrics()})
 
     def _end_step(self, out: dict[str, float]) -> dict[str, float]:
-        out.update(self.placement.end_step())
+        if self.rollouts is None:  # else the producer's, in the batch's metrics
+            out.update(self.placement.end_step())
         self.step_count += 1  # counts skipped steps too: it is the loop's step number
+        if self.rollouts is not None:  # version step_count, for the batches made with it
+            self.rollouts.publish(self.step_count)
         return out
+
+    def _collect(self, step: int, timer: PhaseTimer):
+        """Step ``step + 1``'s batch: rounds of scored groups until dynamic sampling has
+        its batch; (rollout or None, dynamic-sampling metrics, manifest indices drawn)."""
+        sampling = self.schedule.train(step)
+        self.dynamic.begin()
+        consumed: list[int] = []
+        complete = False
+        while not complete:
+            scored = self.placement.produce(self.groups, sampling, timer)
+            consumed += [rec["_index"] for rec in scored.records[:: self.group_size]]
+            complete = self.dynamic.keep(scored)
+        rollout, dyn = self.dynamic.batch()
+        return rollout, dyn, consumed
+
+    def _produce(self, policy, step: int, timer: PhaseTimer):
+        """The producer thread's collect phase of (1-based) ``step`` on the rollout-side
+        ``policy``; with its placement metrics."""
+        self.placement.policy = policy
+        rollout, dyn, consumed = self._collect(step - 1, timer)
+        return rollout, dyn, consumed, self.placement.end_step()
+
+    def _take(self, timer: PhaseTimer):
+        """The producer's batch of this step, samples staler than the bound dropped
+        (counted); its staleness figures join the step's metrics (in ``dyn``)."""
+        if not self.rollouts.started():
+            self.rollouts.start(self.step_count)
+        with timer("async_wait"):
+            batch = self.rollouts.take(self.step_count + 1)
+        self.consumed = batch.consumed
+        made = batch.metrics.items()  # the producer's phases (generate, reward)
+        timer.seconds.update(
+            {k[7:-2]: v for k, v in made if k.startswith("timing/") and k.endswith("_s")}
+        )
+        dyn = {**batch.dynamic, **{k: v for k, v in batch.metrics.items() if "timing/" not in k}}
+        dyn["async/version"] = float(batch.version)
+        if batch.rollout is None:
+            return None, dyn
+        rollout, st = drop_stale(batch.rollout, self.step_count, self.rollouts.bound)
+        self.counters["async/dropped_samples_total"] += int(st["async/dropped_samples"])
+        return rollout, {**dyn, **st}
 
     # ------------------------------------------------------------------ run state
     def shared_state(self) -> dict:
@@ -154,11 +219,19 @@ class Controller:
             "counters": dict(self.counters),
             "ema": ema,
             "nft_old": self.loss.state_dict(),
+            "async": None if self.rollouts is None else self.rollouts.state_dict(self.step_count),
         }
 
     def local_state(self) -> dict:
-        """This controller's own state: its data cursor and RNG streams."""
-        local = {"cursor": self.shard.state_dict(), "rng": rng_state()}
+        """This controller's own state: its data cursor and RNG streams. With batches made
+        ahead, the cursor before the next batch's first draw (the producer's)."""
+        balance = self.minibatches.state_dict()  # placement.balance's measurements
+        if self.rollouts is not None and self.rollouts.started():
+            return {**self.rollouts.start_state(self.step_count + 1), "rng": rng_state(), **balance}
+        return {**self._data_state(), "rng": rng_state(), **balance}
+
+    def _data_state(self) -> dict:
+        local = {"cursor": self.shard.state_dict()}
         local.update(self.placement.state_dict())  # carried prompts, auto's measurements
         return local
 
@@ -172,8 +245,11 @@ class Controller:
             require(self.policy, EMA, "a checkpoint with EMA weights")
             self.policy.load_ema_state(shared["ema"])
         self.loss.load_state_dict(shared.get("nft_old"))
+        if self.rollouts is not None:  # the older weights the next batches are made with
+            self.rollouts.load_state_dict(shared.get("async"))
         self.shard.load_state_dict(local["cursor"])
         self.placement.load_state_dict(local)
+        self.minibatches.load_state_dict(local)
         set_rng_state(local["rng"])
         return self.step_count
 
@@ -206,6 +282,20 @@ class Controller:
         go to the trackers' rollout table."""
         rows = write_rollouts(self.run_dir, self.dist.rank, step, r, self.rollouts_per_step)
         self.logger.log_rollouts(step, rows)
+
+
+def behaviour_metrics(r: Rollout) -> dict[str, float]:
+    """Decoupled PPO's behaviour ratio over this rank's counted actions: its mean and the
+    share that hit the cap (0 and 0 when no sample was stale)."""
+    mask = r.mask
+    n = max(float(mask.sum()), 1.0)
+    if BEHAVIOUR not in r.context:
+        return {"async/behaviour_weight_mean": 1.0, "async/behaviour_clip_frac": 0.0}
+    w, hit = r.context[BEHAVIOUR].cpu(), r.context[BEHAVIOUR_CLIPPED].cpu()
+    return {
+        "async/behaviour_weight_mean": float((w * mask).sum()) / n,
+        "async/behaviour_clip_frac": float((hit * mask).sum()) / n,
+    }
 
 
 def rollout_metrics(r: Rollout, dist: Dist, policy) -> dict[str, float]:

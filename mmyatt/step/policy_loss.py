@@ -25,7 +25,11 @@ from torch import Tensor
 from mmyatt.algorithms import kl, losses, overlong
 from mmyatt.distributed import Lockstep
 from mmyatt.rollout import Rollout
+from mmyatt.step.async_rollouts import STALENESS
 from mmyatt.step.batches import MicroBatches
+
+BEHAVIOUR = "behaviour_weight"  # context key: (N, A) capped proximal / behaviour ratio
+BEHAVIOUR_CLIPPED = "behaviour_clipped"  # context key: (N, A) the ratio hit the cap
 
 # per-token statistics every loss reports (0 where a loss has no such thing), so a run's
 # metrics keep their names whatever the algorithm
@@ -73,7 +77,15 @@ class PPOClipLoss:
     """PPO-clip with clip-higher and dual-clip (``losses.ppo_clip_loss``), a KL penalty to
     the reference (k1 / k2 / k3 from log-probs, or closed form from a flow policy's
     transition means), an entropy bonus, truncated importance weights of a vLLM rollout,
-    and DAPO's overlong filter."""
+    and DAPO's overlong filter.
+
+    Decoupled PPO for samples made by older weights (``trainer.async``, arXiv 2505.24298):
+    where a sample's ``context["staleness"]`` is above 0, ``prepare`` recomputes the
+    proximal log-probs with the current (pre-update) policy, the clipped ratio is taken
+    against them, and each action's loss is weighted by the behaviour ratio
+    ``min(exp(proximal - behaviour), behaviour_cap)`` (0: no weight), the behaviour
+    log-probs being those recorded at sampling (a flow policy's SDE log-probs). A sample
+    of staleness 0 was made by the proximal policy itself: nothing changes for it."""
 
     def __init__(
         self,
@@ -90,6 +102,7 @@ class PPOClipLoss:
         closed_form_kl: bool = False,
         recompute_old_logprobs: bool = False,
         overlong_filter: bool = False,
+        behaviour_cap: float = 2.0,
     ):
         self.lockstep = lockstep
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
@@ -98,6 +111,7 @@ class PPOClipLoss:
         self.closed_form_kl = closed_form_kl
         self.recompute_old_logprobs = recompute_old_logprobs
         self.overlong_filter = overlong_filter
+        self.behaviour_cap = behaviour_cap
         self.metrics = {k: f"train/{k}" for k in TOKEN_STATS}
         if kl_coef > 0:
             self.metrics["kl"] = "train/kl"
@@ -107,9 +121,21 @@ class PPOClipLoss:
 
     def prepare(self, policy, r: Rollout, passes: MicroBatches) -> Rollout:
         with torch.no_grad():
+            behaviour = r.logprobs
             if self.recompute_old_logprobs:
                 lp = passes.no_grad(policy.logprobs, r)
                 r.logprobs = r.logprobs if lp is None else lp
+            stale = r.context[STALENESS] > 0 if STALENESS in r.context else None
+            if stale is not None and bool(stale.any()):  # decoupled PPO (see the class)
+                proximal = r.logprobs
+                if not self.recompute_old_logprobs:
+                    proximal = passes.no_grad(policy.logprobs, r)
+                rows = stale[:, None].to(behaviour.device)
+                r.logprobs = torch.where(rows, proximal.to(behaviour.device), behaviour)
+                w, clipped = behaviour_weights(
+                    r.logprobs, behaviour, r.mask.to(behaviour.device) * rows, self.behaviour_cap
+                )
+                r.context[BEHAVIOUR], r.context[BEHAVIOUR_CLIPPED] = w, clipped
             if self.closed_form_kl:  # the reference's transition means, into the context
                 if len(r):
                     r = policy.attach_reference_means(r)
@@ -145,6 +171,8 @@ class PPOClipLoss:
         )
         if "is_weight" in mb.context:  # truncated IS, rollout engine vs trainer (vllm)
             loss_mat = loss_mat * mb.context["is_weight"].to(dev)
+        if BEHAVIOUR in mb.context:  # decoupled PPO: proximal / behaviour, capped
+            loss_mat = loss_mat * mb.context[BEHAVIOUR].to(dev)
         sums: dict[str, float] = {}
         if self.kl_coef > 0:
             if not self.closed_form_kl:
@@ -171,13 +199,35 @@ class PPOClipLoss:
         pass
 
 
+def behaviour_weights(
+    proximal: Tensor, behaviour: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, Tensor]:
+    """Decoupled PPO's behaviour ratio per action, ``exp(proximal - behaviour)`` capped at
+    ``cap`` (1 where ``mask`` is 0, and everywhere when ``cap`` is 0), and where it hit
+    the cap.
+
+    >>> w, hit = behaviour_weights(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, -1.0]]),
+    ...                            torch.tensor([[1.0, 1.0]]), 2.0)
+    >>> w.tolist(), hit.tolist()
+    ([[1.0, 2.0]], [[False, True]])
+    """
+    on = mask > 0
+    log_ratio = torch.where(on, proximal.float() - behaviour.float(), 0.0)
+    ratio = log_ratio.clamp(max=losses.MAX_LOG_RATIO).exp()
+    if cap <= 0:
+        return torch.ones_like(ratio), torch.zeros_like(on)
+    return ratio.clamp(max=cap), on & (ratio > cap)
+
+
 NFT_STATS = ("positive", "negative", "old_deviation", "r_mean")
 
 
 class NFTLoss:
     """DiffusionNFT (``mmyatt.algorithms.nft``): flow matching on forward-noised copies of
     the rollout's clean samples, weighted by their normalised rewards, against a
-    sampling policy that trails the trained one. ``nft``: the flow adapter's side
+    sampling policy that trails the trained one. It reads no log-probs, so samples made
+    ahead (``trainer.async``) need no behaviour correction: the producer samples with a
+    snapshot of the trailing policy, and the loss is unchanged. ``nft``: the flow adapter's side
     (``FlowNFT``: the old copy, the noise draw, the loss of a rollout)."""
 
     def __init__(self, nft, lockstep: Lockstep, *, kl_coef: float = 0.0, kl_block: int = 0):
