@@ -263,6 +263,15 @@ class RolloutStats(Protocol):
 
 
 @runtime_checkable
+class FixedShapeDecode(Protocol):
+    """An adapter whose own decode loop can step at one fixed shape over a key/value
+    cache kept between rollouts, compiled or not (``rollout.hf_static_cache``,
+    ``rollout.compile_decode``; models/fast_decode.py)."""
+
+    def set_decode(self, static_cache: bool, compile_step: bool = False) -> None: ...
+
+
+@runtime_checkable
 class WholeWeights(Protocol):
     """A policy whose trained module is split or converted (a Megatron model over a
     tensor- or pipeline-parallel group): its weights whole and Hugging Face-named."""

@@ -10,6 +10,9 @@ from test_text_policy import CORPUS, PROMPTS
 from test_vlm_policy import CORPUS as VLM_CORPUS
 from test_vlm_policy import square
 
+from mmyatt.config.schema import load_config
+from mmyatt.distributed import Dist
+from mmyatt.engines import build_engines
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 from mmyatt.models.fast_decode import FastDecode, FixedShapeStep
@@ -117,3 +120,14 @@ def test_unsupported_settings_fail_with_what_to_do(text_policy):
 
     with pytest.raises(ValueError, match="Llama-family.*hf_static_cache=false"):
         FastDecode.check(Other())
+
+
+def test_run_config_turns_it_on_through_the_engines(text_policy):
+    cfg = load_config(None, ["rollout.hf_static_cache=true", "rollout.compile_decode=true"])
+    try:
+        build_engines(cfg, Dist(0, 1, "cpu"), text_policy)
+        assert text_policy.fast_decode is not None and text_policy.fast_decode.compile_step
+    finally:
+        text_policy.set_decode(False)
+    with pytest.raises(TypeError, match="FixedShapeDecode capability"):
+        build_engines(cfg, Dist(0, 1, "cpu"), object())

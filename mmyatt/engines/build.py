@@ -13,7 +13,8 @@ from mmyatt.engines.install import require
 from mmyatt.engines.megatron import MegatronEngine
 from mmyatt.engines.replica import ReplicaEngine
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
-from mmyatt.protocols import Engine, Policy, Reward
+from mmyatt.protocols import Engine, FixedShapeDecode, Policy, Reward
+from mmyatt.protocols import require as require_capability
 
 
 def controller_dist(cfg, dist):
@@ -40,6 +41,9 @@ def build_engines(cfg, dist, policy: Policy) -> tuple[Engine, Policy]:
     the controller uses (sharded / converted, generating through ``cfg.rollout.backend``).
     A frozen reference snapshot is taken here, before any sharding."""
     engine = build_train_engine(cfg, dist)
+    if cfg.rollout.hf_static_cache:  # the adapter's fixed-shape decode (models/fast_decode.py)
+        require_capability(policy, FixedShapeDecode, "rollout.hf_static_cache")
+        policy.set_decode(True, cfg.rollout.compile_decode)
     if cfg.algorithm.kl_coef > 0 and engine.lockstep:
         engine.enable_reference(policy)
     wrapped = engine.wrap(policy)
