@@ -47,6 +47,7 @@ from mmyatt.models.flow_pipeline import (
     load_pipeline_components,
     write_model_index,
 )
+from mmyatt.models.lora import base_weights
 
 # Attention projections of the joint (SD3/Flux) and self/cross (Wan) attention blocks,
 # flow_grpo's LoRA targets; peft matches them as name suffixes and skips absent ones.
@@ -291,18 +292,7 @@ def load_pipeline(cls, root: Path, index: dict, **kwargs):
 def base_state_dict(policy, merged: bool) -> dict[str, Tensor]:
     """The transformer's weights under their original names: peft's ``base_layer``
     wrappers unwrapped, LoRA weights dropped or (merged) folded into W + scale*B@A."""
-    sd = {}
-    for k, v in policy.transformer.state_dict().items():
-        if ".lora_" in k:
-            continue
-        sd[k.replace(".base_layer.", ".")] = v.detach().clone()
-    if merged and policy.lora is not None:
-        from peft.tuners.lora import LoraLayer
-
-        for name, mod in policy.transformer.named_modules():
-            if isinstance(mod, LoraLayer) and "default" in mod.lora_A:
-                sd[f"{name}.weight"] = sd[f"{name}.weight"] + mod.get_delta_weight("default")
-    return sd
+    return base_weights(policy.transformer, merged and policy.lora is not None)
 
 
 def save(policy, path: str, merged: bool = False) -> None:

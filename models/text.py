@@ -28,6 +28,7 @@ from mmyatt.rollout import Rollout, prompt_id
 from . import cpu_kernels, decode
 from .fast_decode import FastDecode
 from .logprobs import token_logprobs
+from .lora import add_lora, base_weights
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
 
@@ -73,6 +74,7 @@ class TextPolicy:
         prompt_overflow: str = "reject",
         use_chat_template: bool = False,
         system_prompt: str | None = None,
+        lora: dict | None = None,
     ):
         if max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
@@ -84,6 +86,8 @@ class TextPolicy:
             # Without the template there is nowhere to put it; failing beats dropping it.
             raise ValueError("system_prompt needs use_chat_template=True")
         self.model = model
+        # LoRA (models/lora.py): None, or the adapter's options; only the adapter trains
+        self.lora = None if lora is None else add_lora(model, lora)
         self.tokenizer = tokenizer
         self.max_prompt_tokens = int(max_prompt_tokens)
         self.prompt_overflow = prompt_overflow
@@ -183,8 +187,10 @@ class TextPolicy:
         return self.model
 
     def save(self, path: str) -> None:
-        """Model (safetensors) and tokenizer in Hugging Face layout."""
-        self.model.save_pretrained(str(path))
+        """Model (safetensors) and tokenizer in Hugging Face layout; with LoRA the
+        adapter folded into the weights (a plain checkpoint)."""
+        merged = None if self.lora is None else base_weights(self.model, merged=True)
+        self.model.save_pretrained(str(path), state_dict=merged)
         self.tokenizer.save_pretrained(str(path))
 
     # --- sampling -------------------------------------------------------------------

@@ -50,6 +50,7 @@ from mmyatt.models.text import _eos_ids
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
+from .lora import add_lora, base_weights
 from .vlm_features import VisionFeatures, is_encoded
 from .vlm_inputs import MEDIA_KEYS, VLMPrompts
 
@@ -90,12 +91,15 @@ class VLMPolicy:
         system_prompt: str | None = None,
         video_fps: float = 2.0,
         video_max_frames: int = 8,
+        lora: dict | None = None,
     ):
         if max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template; a VLM prompt needs one")
         self.model = model
+        # LoRA on the language model (models/lora.py): None, or the adapter's options
+        self.lora = None if lora is None else add_lora(model, lora)
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.max_prompt_tokens = int(max_prompt_tokens)
@@ -208,8 +212,10 @@ class VLMPolicy:
         return self.model
 
     def save(self, path: str) -> None:
-        """Model (safetensors), tokenizer and image processor in Hugging Face layout."""
-        self.model.save_pretrained(str(path))
+        """Model (safetensors), tokenizer and image processor in Hugging Face layout;
+        with LoRA the adapter folded into the weights (a plain checkpoint)."""
+        merged = None if self.lora is None else base_weights(self.model, merged=True)
+        self.model.save_pretrained(str(path), state_dict=merged)
         self.tokenizer.save_pretrained(str(path))
         self.image_processor.save_pretrained(str(path))
 

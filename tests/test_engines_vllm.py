@@ -375,7 +375,7 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     model_dir = vllm_model_dir
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
     v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(model_dir))
     s = Sampling(max_new_tokens=6, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
@@ -406,7 +406,7 @@ def test_real_vllm_over_dispatch_and_streaming_keep_a_full_decodes_samples(vllm_
     from mmyatt.placement.dispatch import complete_groups
 
     policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
     v = VLLMRolloutPolicy(
         policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vllm_model_dir)
     )
@@ -460,6 +460,7 @@ def test_real_vllm_over_dispatch_resume_equals_uninterrupted(tmp_path):
         f"model.path={policy}",
         "model.max_prompt_tokens=8",
         "rollout.backend=vllm",
+        "rollout.sleep_level=0",  # vLLM's sleep mode is GPU-only
         "rollout.over_dispatch_ratio=1.5",
         "data.prompts_per_step=8",
         "sampling.max_new_tokens=48",

@@ -133,7 +133,7 @@ def test_real_vllm_vlm_greedy_equals_hf_and_logprobs_match(vlm_dir):
     in-place weight sync (language model and vision tower) serves the new weights."""
     policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
     hf = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
     v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vlm_dir))
     s = Sampling(max_new_tokens=6, greedy=True)
     ps, seeds = prompts(), [1, 2, 3, 4]

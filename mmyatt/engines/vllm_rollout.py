@@ -2,9 +2,14 @@
 
 Each controller owns one ``vllm.LLM`` on its own device, built from the policy's model
 directory. Before a generation whose trainer weights changed (an optimizer step moved
-them), the trainer's full weights are loaded into the engine in place
-(``sync_weights``); around training the engine sleeps (``LLM.sleep`` /
-``wake_up``, GPU only: it frees the KV cache and, at level 2, the weights).
+them), the engine gets them (``sync_weights``): a full fine-tune's whole weights, loaded
+in place; a LoRA policy's adapter alone, the engine holding the base weights and serving
+the adapter through vLLM's LoRA support (:mod:`mmyatt.engines.vllm_lora`). Each sync logs
+``sync/bytes`` (the tensors sent) and ``sync/seconds``. Around training the engine sleeps
+(``LLM.sleep`` / ``wake_up``, GPU only: it frees the KV cache and, at level 2, the
+weights; a LoRA policy's base weights are sent again after a level-2 wake). vLLM's sleep
+mode needs a GPU: on the CPU backend ``rollout.sleep_level`` must be 0 (an error names
+the fix).
 
 Samples come back with the engine's per-token log-probs (``logprobs_mode=
 processed_logprobs``: after temperature and the banned-token mask, the same tempered
@@ -40,6 +45,7 @@ import torch
 from torch import Tensor
 
 from mmyatt.engines.install import OPEN, require
+from mmyatt.engines.vllm_lora import AdapterSync, lora_engine_args
 from mmyatt.engines.vllm_steps import stepped_generate
 from mmyatt.engines.vllm_vlm import (
     attach_media,
@@ -50,6 +56,7 @@ from mmyatt.engines.vllm_vlm import (
     vlm_requests,
 )
 from mmyatt.engines.wrapper import WrappedPolicy
+from mmyatt.models.lora import base_weights, tensor_bytes
 from mmyatt.protocols import Policy, TokenPolicy, adapter_of
 from mmyatt.rollout import Rollout, prompt_id
 
@@ -157,6 +164,15 @@ class VLLMRolloutPolicy(WrappedPolicy):
         self._synced = None if llm is None else self._version()
         self._asleep = False
         self.timings: dict[str, float] = {}
+        # a LoRA policy (models/lora.py) syncs its adapter only; None: full weights
+        lora = getattr(self._adapter(), "lora", None)
+        self._lora = None if lora is None else AdapterSync(lora)
+        self._base_lost = False  # a LoRA engine woke from level-2 sleep without weights
+        if self._lora is not None and getattr(engine, "name", None) == "megatron":
+            raise ValueError(
+                "model.lora.rank > 0 with rollout.backend=vllm: train.backend=megatron "
+                "holds no LoRA adapter; use train.backend=replica or fsdp2"
+            )
 
     # ------------------------------------------------------------------ engine
     def _adapter(self) -> TokenPolicy:
@@ -171,13 +187,23 @@ class VLLMRolloutPolicy(WrappedPolicy):
 
             # the trainer's dtype: vLLM's "auto" turns float32 checkpoints into 16-bit
             dtype = str(next(self._inner.module().parameters()).dtype).replace("torch.", "")
+            from vllm.platforms import current_platform
+
+            if self.cfg.sleep_level > 0 and not current_platform.is_sleep_mode_available():
+                raise ValueError(
+                    f"rollout.sleep_level={self.cfg.sleep_level}: vLLM's sleep mode needs a "
+                    f"GPU, and this vLLM runs on {current_platform.device_type or 'the CPU'}; "
+                    "set rollout.sleep_level=0 (the engine stays awake during training)"
+                )
             extra = {"limit_mm_per_prompt": mm_limits()} if is_vlm(self._adapter()) else {}
+            if self._lora is not None:
+                extra.update(lora_engine_args(self._lora.lora))
             self._llm = vllm.LLM(
                 model=str(self.model_path),
                 dtype=dtype,
                 seed=0,
                 gpu_memory_utilization=self.cfg.gpu_memory_utilization,
-                enable_sleep_mode=self._can_sleep(),
+                enable_sleep_mode=self.cfg.sleep_level > 0,
                 logprobs_mode="processed_logprobs",
                 enforce_eager=True,
                 **extra,
@@ -192,6 +218,8 @@ class VLLMRolloutPolicy(WrappedPolicy):
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
+        if self._lora is not None:
+            self._lora.close()
 
     def _can_sleep(self) -> bool:
         return self.cfg.sleep_level > 0 and torch.cuda.is_available()
@@ -200,21 +228,27 @@ class VLLMRolloutPolicy(WrappedPolicy):
         return tuple(p._version for p in self._inner.module().parameters())
 
     def sync_weights(self) -> None:
-        """Trainer weights -> the engine, in place, when an optimizer step moved them."""
+        """Trainer weights -> the engine when an optimizer step moved them: the full
+        weights in place, or a LoRA policy's adapter as a new adapter version."""
         version = self._version()
         if self._synced == version:
             return
         t0 = time.perf_counter()
-        weights = self._engine.full_weights(self._inner)
         llm = self.llm()
-        if hasattr(llm, "load_weights"):  # an engine object that loads weights itself
-            llm.load_weights(weights)
+        if self._lora is None:
+            nbytes = _load_full(llm, self._engine.full_weights(self._inner))
         else:
-            items = [(k, v.detach()) for k, v in weights.items()]
-            llm.collective_rpc(_load_into_worker, args=(items,))
+            nbytes = 0
+            if self._base_lost:  # level-2 sleep dropped the base weights the adapter needs
+                nbytes += _load_full(llm, base_weights(self._inner.module(), merged=False))
+                self._base_lost = False
+            nbytes += self._lora.push(llm, self._inner.module())
         _reset_caches(llm)
         self._synced = version
-        self.timings["rollout/weight_sync_s"] = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.timings["rollout/weight_sync_s"] = seconds
+        self.timings["sync/seconds"] = seconds
+        self.timings["sync/bytes"] = float(nbytes)
 
     # ------------------------------------------------------------------ protocol
     def generate(self, prompts, group_size, sampling, seeds) -> Rollout:
@@ -232,6 +266,9 @@ class VLLMRolloutPolicy(WrappedPolicy):
             t0 = time.perf_counter()
             llm.wake_up()
             self._asleep = False
+            if self.cfg.sleep_level == 2:  # the weights were dropped: send them again
+                self._synced = None
+                self._base_lost = self._lora is not None
             self.timings["rollout/wake_s"] = time.perf_counter() - t0
         self.sync_weights()
         if vlm:  # media read here, by the controller that owns the records
@@ -241,6 +278,8 @@ class VLLMRolloutPolicy(WrappedPolicy):
             requests = [{"prompt_token_ids": ids} for ids in prompt_ids]
         params = self.sampling_params(policy, sampling, group_size, seeds)
         A = sampling.max_new_tokens
+        # a LoRA policy's requests name the adapter version just synced
+        adapter = {} if self._lora is None else {"lora_request": self._lora.request}
         if sampling.complete_groups or sampling.on_finished is not None:
             outs = stepped_generate(
                 llm,
@@ -249,9 +288,10 @@ class VLLMRolloutPolicy(WrappedPolicy):
                 complete_groups=sampling.complete_groups,
                 must_finish=sampling.must_finish,
                 on_group=self._reporter(policy, sampling, group_size),
+                **adapter,
             )
         else:
-            outs = llm.generate(requests, params, use_tqdm=False)
+            outs = llm.generate(requests, params, use_tqdm=False, **adapter)
         samples = []
         for i, out in enumerate(outs):
             if out is None:  # aborted (over-dispatch): cut short, carried to the next step
@@ -347,6 +387,16 @@ def _reset_caches(llm) -> None:
         fn = getattr(llm, name, None) or getattr(getattr(llm, "llm_engine", None), name, None)
         if fn is not None:
             fn()
+
+
+def _load_full(llm, weights: dict) -> int:
+    """Whole weights (name -> tensor) into the engine, in place; returns their bytes."""
+    if hasattr(llm, "load_weights"):  # an engine object that loads weights itself
+        llm.load_weights(weights)
+    else:
+        items = [(k, v.detach()) for k, v in weights.items()]
+        llm.collective_rpc(_load_into_worker, args=(items,))
+    return tensor_bytes(weights)
 
 
 def _load_into_worker(worker, items):

@@ -35,11 +35,13 @@ def stepped_generate(
     complete_groups: int = 0,
     must_finish: Sequence[int] = (),
     on_group: Callable[[int, object], None] | None = None,
+    lora_request=None,
 ) -> list:
     """One output per request, in request order: the engine's finished output, or None
     for a request aborted before it finished (``complete_groups`` > 0 only).
 
-    ``on_group(i, output)`` is called as request ``i`` finishes, between engine steps."""
+    ``on_group(i, output)`` is called as request ``i`` finishes, between engine steps;
+    ``lora_request`` (a LoRA policy's adapter) applies to every request."""
     if not hasattr(llm, "enqueue"):
         import vllm
 
@@ -50,7 +52,8 @@ def stepped_generate(
             "placement.mode=colocate"
         )
     engine = llm.llm_engine
-    ids = [str(i) for i in llm.enqueue(list(requests), list(params), use_tqdm=False)]
+    adapter = {} if lora_request is None else {"lora_request": lora_request}
+    ids = [str(i) for i in llm.enqueue(list(requests), list(params), use_tqdm=False, **adapter)]
     # enqueue returns the engine's internal ids: the LLM's own request number (what the
     # outputs carry) and, unless vLLM is told not to, "-" and a random suffix
     where = {rid.split("-", 1)[0]: i for i, rid in enumerate(ids)}
