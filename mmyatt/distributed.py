@@ -40,6 +40,7 @@ class Dist:
     # first, which runs the loop and writes nothing
     model_parallel = False
     mirror = False
+    idle_s = 0.0  # waited at gradient all-reduces since the last idle_metrics()
 
     def __init__(
         self, rank: int = 0, world_size: int = 1, device: str = "cpu", backend: str | None = None
@@ -103,6 +104,29 @@ class Dist:
             n = p.numel()
             p.grad = flat[offset : offset + n].view_as(p).clone()
             offset += n
+
+    def wait_for_slowest(self) -> None:
+        """Wait for every controller before a gradient all-reduce, timed: what this rank
+        waits here is its idle time, the slowest rank's extra work (a one-scalar
+        all-reduce; on CUDA the queued work is finished first, so it is not counted)."""
+        if not self.active:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        float(self.sum(0.0))
+        self.idle_s += time.perf_counter() - t0
+
+    def idle_metrics(self) -> dict[str, float]:
+        """Each rank's wait at the gradient all-reduces since the last call
+        (``dist/idle_s/rank{i}``) and their sum (``dist/idle_s``); {} for one controller."""
+        if not self.active:
+            return {}
+        waits = self.gather_floats(self.idle_s)
+        self.idle_s = 0.0
+        out = {f"dist/idle_s/rank{i}": w for i, w in enumerate(waits)}
+        out["dist/idle_s"] = sum(waits)
+        return out
 
     def barrier(self) -> None:
         if self.active:

@@ -109,10 +109,11 @@ def _overrides(root: Path, model: Path, balance: bool) -> list[str]:
         "optim.lr=0.001",
         "reward.functions=[{name: 'test_placement_exchange:length_reward'}]",
         f"placement.balance={str(balance).lower()}",
+        "placement.balance_when=always",  # every step, by token counts
     ]
 
 
-def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str):
+def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str, steps: int = 2):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     torch.distributed.init_process_group(
@@ -132,7 +133,7 @@ def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str):
                 shard=builders.build_shard(cfg, rank, world),
                 eval_records=[],
             )
-            rows = [ctl.step() for _ in range(2)]
+            rows = [ctl.step() for _ in range(steps)]
             result.append({"rows": rows, "params": [p.detach().tolist() for p in ctl.params]})
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
@@ -141,10 +142,10 @@ def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str):
     os._exit(0)
 
 
-def _run(tmp: Path, runs) -> list[list[dict]]:
+def _run(tmp: Path, runs, steps: int = 2) -> list[list[dict]]:
     out = tmp / "out"
     out.mkdir()
-    args = (2, free_port(), str(tmp), runs, str(out))
+    args = (2, free_port(), str(tmp), runs, str(out), steps)
     mp.start_processes(_rank, args=args, nprocs=2, start_method="spawn")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -194,3 +195,33 @@ def test_micro_batches_same_update_with_and_without_balancing(tmp_path, setup):
         for p1, p2 in zip(one0["params"], run["params"]):
             torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-5, rtol=0)
     assert micro0["params"] == micro1["params"] and both0["params"] == both1["params"]
+
+
+def test_balancing_when_it_pays_leaves_the_update_as_it_was(tmp_path, setup):
+    """balance_when: pays (the default): the first step measures, the model is fitted and
+    plans the third; whatever it decides (moves, length buckets), the update is the one
+    without balancing, and every step logs the decision and each rank's idle time."""
+    root, model = setup
+    pays = [o for o in _overrides(root, model, True) if not o.startswith("placement.balance_when")]
+    pays += ["placement.balance_when=pays", "placement.balance_fit_steps=1"]
+    (plain0, bal0), (_, bal1) = _run(tmp_path, [_overrides(root, model, False), pays], steps=3)
+    for step in range(3):
+        a, b = plain0["rows"][step], bal0["rows"][step]
+        assert b["balance/applied"] in (0.0, 1.0)
+        assert a["dist/idle_s/rank0"] >= 0 and a["dist/idle_s/rank1"] >= 0  # balancing off too
+        assert b["dist/idle_s"] == pytest.approx(b["dist/idle_s/rank0"] + b["dist/idle_s/rank1"])
+        for k in ("reward/mean", "train/loss", "train/grad_norm"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    assert bal0["rows"][0]["balance/applied"] == 0.0  # measuring
+    last = bal0["rows"][2]  # planned by a fitted model: its prediction against the passes
+    assert last["balance/predicted_s"] > 0 and last["balance/measured_s"] > 0
+    assert last["balance/model_error"] == pytest.approx(
+        max(
+            abs(last[f"balance/predicted_s/rank{r}"] - last[f"balance/measured_s/rank{r}"])
+            / last[f"balance/measured_s/rank{r}"]
+            for r in range(2)
+        )
+    )
+    for p1, p2 in zip(plain0["params"], bal0["params"]):
+        torch.testing.assert_close(torch.tensor(p1), torch.tensor(p2), atol=1e-5, rtol=0)
+    assert bal0["params"] == bal1["params"]

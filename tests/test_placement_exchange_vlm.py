@@ -89,6 +89,7 @@ def test_two_controllers_balance_vlm_steps_with_the_update_unchanged(tmp_path):
         "distributed.nproc=2",
         "data.prompts_per_step=4",
         "sampling.group_size=4",
+        "placement.balance_when=always",  # every step, by token counts
     ]
     cfg = str(ROOT / "configs" / "vlm_grpo_image_tiny.yaml")
     runs = {}

@@ -55,6 +55,15 @@ class PlacementConfig(Section):
     log_memory: Bool = True
     """per-phase peak RSS, and device MB on CUDA (placement/peak_*)"""
     balance: Bool = False
-    """Karmarkar-Karp over the controllers each step: every rank trains the same number of
-    samples with nearly the same work (text tokens, denoising transitions); only token /
-    latent tensors move between ranks (mmyatt/placement/exchange.py)"""
+    """move whole prompt groups between the controllers before the update so that the
+    slowest rank's update is shorter (balance_when); only token / latent tensors move
+    (mmyatt/placement/exchange.py)"""
+    balance_when: Literal["pays", "always"] = "pays"
+    """balance: move groups only when the cost model (fitted on this run's measured
+    micro-batch times) predicts a shorter update than the exchange costs (pays), or every
+    step by token counts (always); mmyatt/placement/balancer.py"""
+    balance_fit_steps: Int = Field(2, ge=1)
+    """balance: steps measured (nothing moves) before the cost model is first fitted"""
+    balance_refit_error: Float = Field(0.15, gt=0)
+    """balance: refit the cost model when its prediction of a rank's update is off by more
+    than this fraction"""

@@ -102,3 +102,36 @@ def imbalance(costs: Sequence[float], parts: Sequence[Sequence[int]]) -> float:
     sums = [sum(costs[i] for i in p) for p in parts]
     mean = sum(sums) / len(sums)
     return max(sums) / mean if mean > 0 else 1.0
+
+
+def choose_parts(costs: list[float], owner: list[int], P: int) -> list[list[int]]:
+    """The groups in ``P`` parts (Karmarkar-Karp, equal sizes where the count allows),
+    or as the ranks hold them when that partition's heaviest part is no lighter: a
+    move that balances nothing costs a transfer and buys nothing."""
+    equal = len(costs) % P == 0
+    parts = karmarkar_karp(costs, P, equal_size=equal)
+    held = [[g for g in range(len(costs)) if owner[g] == r] for r in range(P)]
+    even = not equal or len({len(h) for h in held}) == 1
+    if even and _heaviest(costs, parts) >= _heaviest(costs, held) - 1e-9:
+        return held
+    return parts
+
+
+def _heaviest(costs: list[float], parts: list[list[int]]) -> float:
+    return max(sum(costs[g] for g in p) for p in parts)
+
+
+def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
+    """Rank for each part: greedily the pairs (part, rank) sharing the most samples
+    first, so that as few samples as possible move."""
+    pairs = []
+    for p, items in enumerate(parts):
+        count = [0] * P
+        for g in items:
+            count[owner[g]] += 1
+        pairs += [(-count[r], p, r) for r in range(P)]
+    rank_of, used = [-1] * len(parts), set()
+    for _, p, r in sorted(pairs):
+        if rank_of[p] < 0 and r not in used:
+            rank_of[p], used = r, used | {r}
+    return rank_of

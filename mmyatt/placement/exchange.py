@@ -1,10 +1,10 @@
 """Balanced controllers in the step (``placement.balance``): after advantages, each
-minibatch's prompt groups are re-partitioned over the controllers with Karmarkar-Karp
-(``balance.py``) so that every rank gets the same number of groups (when the ranks'
-groups divide evenly) and nearly the same training work; the groups that change rank
-travel as tensors over the process group (point-to-point sends, gloo on CPU). Groups
-move whole: the policy runs a group's prompt once for all its samples (the cost model
-counts it once), and a group split over two ranks would run it on both.
+minibatch's prompt groups may change controller, as the step's plan says
+(``balancer.py``: from the cost model of what each rank's update runs, or with
+``balance_when: always`` Karmarkar-Karp on token counts, ``balance.py``); the groups
+that change rank travel as tensors over the process group (point-to-point sends, gloo
+on CPU). Groups move whole: the policy runs a group's prompt once for all its samples,
+and a group split over two ranks would run it on both.
 
 What travels: the token / latent tensors a sample trains on (actions, sampling
 log-probs, mask, the adapter's tensor context such as ``input_ids`` / latents,
@@ -33,7 +33,8 @@ import io
 import torch
 import torch.distributed as tdist
 
-from mmyatt.placement.balance import karmarkar_karp, sample_cost
+from mmyatt.placement.balance import assign_parts, choose_parts, sample_cost
+from mmyatt.placement.balancer import Balancer, Plan, Settings
 from mmyatt.rollout import Rollout
 
 LEFT_PADDED = ("input_ids", "attention_mask")  # text context: prompt left-padded
@@ -64,84 +65,56 @@ def group_costs(r: Rollout | None, kind: str) -> list[float]:
     return out
 
 
-def choose_parts(costs: list[float], owner: list[int], P: int) -> list[list[int]]:
-    """The groups in ``P`` parts (Karmarkar-Karp, equal sizes where the count allows),
-    or as the ranks hold them when that partition's heaviest part is no lighter: a
-    move that balances nothing costs a transfer and buys nothing."""
-    equal = len(costs) % P == 0
-    parts = karmarkar_karp(costs, P, equal_size=equal)
-    held = [[g for g in range(len(costs)) if owner[g] == r] for r in range(P)]
-    even = not equal or len({len(h) for h in held}) == 1
-    if even and _heaviest(costs, parts) >= _heaviest(costs, held) - 1e-9:
-        return held
-    return parts
-
-
-def _heaviest(costs: list[float], parts: list[list[int]]) -> float:
-    return max(sum(costs[g] for g in p) for p in parts)
-
-
 def _vision_rows(m: dict) -> int:
     return sum(len(m[k]) for k in ("image_embeds", "video_embeds") if m.get(k) is not None)
 
 
-def assign_parts(parts: list[list[int]], owner: list[int], P: int) -> list[int]:
-    """Rank for each part: greedily the pairs (part, rank) sharing the most samples
-    first, so that as few samples as possible move."""
-    pairs = []
+def token_plan(costs: list[float], owner: list[int], P: int) -> list[int]:
+    """``balance_when: always``: each group's rank from Karmarkar-Karp on token counts
+    (``choose_parts``), each part where most of it already is (``assign_parts``)."""
+    parts = choose_parts(costs, owner, P)
+    rank_of = assign_parts(parts, owner, P)
+    dest = [0] * len(costs)
     for p, items in enumerate(parts):
-        count = [0] * P
         for g in items:
-            count[owner[g]] += 1
-        pairs += [(-count[r], p, r) for r in range(P)]
-    rank_of, used = [-1] * len(parts), set()
-    for _, p, r in sorted(pairs):
-        if rank_of[p] < 0 and r not in used:
-            rank_of[p], used = r, used | {r}
-    return rank_of
+            dest[g] = rank_of[p]
+    return dest
 
 
 class Exchange:
-    def __init__(self, dist, kind: str):
+    """Plans (``Balancer``) and carries out the move of whole prompt groups between the
+    controllers."""
+
+    def __init__(self, dist, kind: str, settings: Settings | None = None):
         self.dist, self.kind = dist, kind
+        self.balancer = Balancer(dist, kind, settings or Settings(when="always"), token_plan)
         self.sizes: list[int] | None = None  # samples per minibatch on this rank, after
 
-    def balance(self, minibatches: list[Rollout | None]) -> tuple[Rollout | None, dict]:
-        """This rank's balanced samples (minibatches concatenated; ``self.sizes`` gives
-        their lengths) and max/mean rank work before and after."""
-        P, me = self.dist.world_size, self.dist.rank
-        local = [group_costs(mb, self.kind) for mb in minibatches]
-        everyone = [None] * P
-        tdist.all_gather_object(everyone, local)
+    def plan(self, minibatches: list[Rollout | None]) -> Plan:
+        """Where every group trains this step, decided on rank 0 and the same everywhere."""
+        return self.balancer.plan(minibatches, [group_costs(mb, self.kind) for mb in minibatches])
+
+    def apply(self, minibatches: list[Rollout | None], plan: Plan) -> Rollout | None:
+        """This rank's samples after ``plan`` moved the groups (minibatches concatenated;
+        ``self.sizes`` gives their lengths)."""
+        me = self.dist.rank
         send: dict[int, list[list[int]]] = {}  # dest -> per minibatch, local rows
         recv_from: dict[int, list[int]] = {}  # src -> per minibatch, groups expected
         keep: list[list[int]] = []
-        before, after = [0.0] * P, [0.0] * P
         for j, mb in enumerate(minibatches):
             slices = mb.group_slices() if mb is not None else []
-            costs, owner, index = [], [], []  # per group of every rank
-            for r in range(P):
-                costs += everyone[r][j]
-                owner += [r] * len(everyone[r][j])
-                index += list(range(len(everyone[r][j])))
-            for g, c in enumerate(costs):
-                before[owner[g]] += c
-            parts = choose_parts(costs, owner, P)
-            rank_of = assign_parts(parts, owner, P)
-            mine = []
-            for p, items in enumerate(parts):
-                dest = rank_of[p]
-                after[dest] += sum(costs[g] for g in items)
-                for g in items:
-                    src = owner[g]
-                    if src == me:
-                        rows = list(range(slices[index[g]].start, slices[index[g]].stop))
-                        if dest == me:
-                            mine += rows
-                        else:
-                            send.setdefault(dest, [[] for _ in minibatches])[j].extend(rows)
-                    elif dest == me:
-                        recv_from.setdefault(src, [0] * len(minibatches))[j] += 1
+            owner, mine = plan.owner[j], []
+            index = [owner[:g].count(owner[g]) for g in range(len(owner))]  # within its rank
+            for g, dest in enumerate(plan.dest[j]):
+                src = owner[g]
+                if src == me:
+                    rows = list(range(slices[index[g]].start, slices[index[g]].stop))
+                    if dest == me:
+                        mine += rows
+                    else:
+                        send.setdefault(dest, [[] for _ in minibatches])[j].extend(rows)
+                elif dest == me:
+                    recv_from.setdefault(src, [0] * len(minibatches))[j] += 1
             keep.append(sorted(mine))
         received = self._transfer(minibatches, send, recv_from)
         out, self.sizes = [], []
@@ -152,15 +125,7 @@ class Exchange:
             self.sizes.append(len(part) if part is not None else 0)
             if part is not None:
                 out.append(part)
-        stats = {
-            "placement/balance_before": max(before) / (sum(before) / P) if sum(before) else 1.0,
-            "placement/balance_after": max(after) / (sum(after) / P) if sum(after) else 1.0,
-            # samples that changed rank, summed over the ranks
-            "placement/balance_moved": float(
-                self.dist.sum(float(sum(len(x) for d in send.values() for x in d)))
-            ),
-        }
-        return (concat_padded(out) if out else None), stats
+        return concat_padded(out) if out else None
 
     def split(self, r: Rollout | None) -> list[Rollout | None]:
         """The balanced rollout back into its minibatches."""

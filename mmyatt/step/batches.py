@@ -6,7 +6,9 @@ groups move between ranks (``mmyatt.placement.exchange``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -190,14 +192,30 @@ def in_micro_batches(fn, r: Rollout, parts: list[list[int]], idle) -> torch.Tens
 
 class MicroBatches:
     """``algorithm.micro_batch_tokens``: a minibatch's passes cut into micro-batches of at
-    most that many padded tokens, as many on every rank; 0 runs one pass."""
+    most that many padded tokens, as many on every rank; 0 runs one pass. With a
+    ``planner`` (``placement.balance``: the balancer's cost model) the passes run in
+    length buckets of whole groups instead (``cost_model.length_buckets``, within the
+    budget when there is one), each timed for the model."""
 
-    def __init__(self, budget: int, lockstep: Lockstep):
-        self.budget, self.lockstep = budget, lockstep
-        self.active = budget > 0
+    def __init__(self, budget: int, lockstep: Lockstep, planner=None):
+        self.budget, self.lockstep, self.planner = budget, lockstep, planner
+
+    @property
+    def active(self) -> bool:
+        return self.budget > 0 or self.planner is not None
 
     def parts(self, r: Rollout | None) -> list[list[int]]:
-        return micro_parts(r, self.budget, self.lockstep.dist, self.lockstep.active)
+        if self.planner is None:
+            return micro_parts(r, self.budget, self.lockstep.dist, self.lockstep.active)
+        parts = self.planner.parts(r)
+        if not self.lockstep.active:  # passes are local: each rank runs its own count
+            return parts
+        count = max(self.lockstep.dist.gather_ints(len(parts)))
+        return to_count(r, parts, count, True) if parts else [[] for _ in range(count)]
+
+    def timed(self, r: Rollout | None):
+        """Context for one training pass over ``r``: timed for the cost model."""
+        return self.planner.timed(r) if self.planner is not None else nullcontext()
 
     def no_grad(self, fn: Callable[[Rollout], torch.Tensor], r: Rollout) -> torch.Tensor | None:
         """(N, A) ``fn(r)`` without gradient, micro-batch by micro-batch; None when this
@@ -206,7 +224,8 @@ class MicroBatches:
         if not parts:
             self.lockstep.idle(fn)
             return None
-        return in_micro_batches(fn, r, parts, self.lockstep.idle)
+        run = self.planner.no_grad_fn(fn) if self.planner is not None else fn
+        return in_micro_batches(run, r, parts, self.lockstep.idle)
 
 
 class Minibatches:
@@ -220,18 +239,44 @@ class Minibatches:
         self._balanced = False
 
     def balance(self, r: Rollout, timer: PhaseTimer) -> tuple[Rollout, dict[str, float]]:
-        """This rank's share of the step's samples after the exchange, and the ranks' work
-        before and after; ``r`` itself without an exchange."""
+        """This rank's share of the step's samples after the exchange (``r`` itself where
+        there is none, or the plan moves nothing), and the plan's figures."""
         self._balanced = False
         if self.exchange is None:
             return r, {}
+        with timer("balance_plan"):
+            plan = self.exchange.plan(minibatches(r, self.m))
+        if not plan.applied:
+            return r, dict(plan.stats)
+        t0 = time.perf_counter()
         if self.encode_media is not None:
             with timer("encode_media"):  # the frozen vision tower, once per prompt
                 r = self.encode_media(r)
         with timer("balance"):
-            out, stats = self.exchange.balance(minibatches(r, self.m))
+            out = self.exchange.apply(minibatches(r, self.m), plan)
+        seconds = time.perf_counter() - t0
+        self.exchange.balancer.exchanged(plan.moved_elements, seconds)
         self._balanced = True
+        stats = {**plan.stats, "balance/exchange_s": seconds}
         return (out if out is not None else r.select([])), stats
+
+    def report(self, dist) -> dict[str, float]:
+        """After the update: every rank's wait at the gradient all-reduce
+        (``Dist.wait_for_slowest``) and, with balancing, the cost model's prediction
+        against the measured passes (``Balancer.report``)."""
+        out = dist.idle_metrics()
+        if self.exchange is not None:
+            out.update(self.exchange.balancer.report())
+        return out
+
+    def state_dict(self) -> dict:
+        """The balancer's measurements and fitted model (run state: a resumed run plans
+        as the uninterrupted one would)."""
+        return {"balance": self.exchange.balancer.state_dict()} if self.exchange else {}
+
+    def load_state_dict(self, local: dict) -> None:
+        if self.exchange is not None:
+            self.exchange.balancer.load_state_dict(local.get("balance"))
 
     @property
     def balanced(self) -> bool:

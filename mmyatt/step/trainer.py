@@ -86,10 +86,12 @@ class Trainer:
                     # a rank without rows still runs the loss: the zero-weight pass a
                     # sharded engine needs
                     for rows in parts or [[]]:
-                        num, sums = loss(self.policy, _rows(mb, rows), step)
-                        _add(local, sums)
-                        if num is not None:
-                            (num / den).backward()
+                        part = _rows(mb, rows)
+                        with self.micro_batches.timed(part):  # placement.balance's model
+                            num, sums = loss(self.policy, part, step)
+                            _add(local, sums)
+                            if num is not None:
+                                (num / den).backward()
                     stats = self._optimizer_step(local, loss)
                 if stats is None:
                     skipped += 1
@@ -105,11 +107,13 @@ class Trainer:
         out["train/lr"] = self.scheduler.get_last_lr()[0]
         if skipped:
             out[SKIPPED] = float(skipped)
+        out.update(self.minibatches.report(self.dist))  # idle at the all-reduce, balancing
         return out
 
     def _optimizer_step(self, local: dict[str, float], loss: PolicyLoss) -> dict | None:
         """The summed gradients applied (their global norm clipped) and the minibatch's
         metrics; None, and nothing applied, when the loss or the gradient is not finite."""
+        self.dist.wait_for_slowest()  # this rank's idle time at the all-reduce, timed
         g = self.dist.sum_many(local)
         grad_norm = self.engine.reduce_and_clip(self.params, self.grad_clip)
         if self.dist.any(not (math.isfinite(g["num"]) and torch.isfinite(grad_norm))):
