@@ -58,13 +58,16 @@ def add_lora(model: nn.Module, lora: dict) -> dict:
         init_lora_weights=True,  # Kaiming A, zero B
     )
     model.requires_grad_(False)
-    inject_adapter_in_model(cfg, model, adapter_name=ADAPTER)
-    trained = [n for n, p in model.named_parameters() if ".lora_" in n]
-    if not trained:
-        raise ValueError(
-            f"LoRA target_modules {opts['target_modules']} match no linear layer of "
-            f"{type(model).__name__}"
-        )
+    missing = ValueError(
+        f"LoRA target_modules {opts['target_modules']} match no linear layer of "
+        f"{type(model).__name__} (model.lora.target_modules names layers by suffix)"
+    )
+    try:
+        inject_adapter_in_model(cfg, model, adapter_name=ADAPTER)
+    except ValueError as e:  # peft: "Target modules ... not found in the base model"
+        raise missing from e
+    if not any(".lora_" in n for n, _ in model.named_parameters()):
+        raise missing
     for n, p in model.named_parameters():
         p.requires_grad_(".lora_" in n)
     return opts
@@ -104,6 +107,24 @@ def adapter_tensors(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def adapter_state(model: nn.Module) -> dict[str, Tensor]:
+    """The adapter's parameters (``model``'s own names), cloned: what a copy of the same
+    model with the same base needs to follow the trained one."""
+    return {n: _whole(p).clone() for n, p in model.named_parameters() if ".lora_" in n}
+
+
+@torch.no_grad()
+def load_adapter_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy ``adapter_state``'s entries into ``model`` (the same model with the same base);
+    every adapter weight of ``model`` must be given, and nothing else."""
+    own = {n: p for n, p in model.named_parameters() if ".lora_" in n}
+    if set(own) != set(state):
+        lost, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        raise ValueError(f"adapter state does not fit: missing {lost[:3]}, unexpected {extra[:3]}")
+    for n, p in own.items():
+        p.copy_(state[n])
+
+
 @torch.no_grad()
 def base_weights(model: nn.Module, merged: bool) -> dict[str, Tensor]:
     """The model's weights under their original names: peft's ``base_layer`` wrappers
@@ -124,5 +145,7 @@ def base_weights(model: nn.Module, merged: bool) -> dict[str, Tensor]:
 
 
 def tensor_bytes(tensors: dict[str, Tensor]) -> int:
-    """Bytes of a name -> tensor mapping (what a weight sync moves)."""
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+    """Bytes of a name -> tensor mapping (what a weight sync moves), a tensor under two
+    names (a tied embedding and output head) counted once."""
+    seen = {(t.data_ptr(), t.numel(), t.dtype): t for t in tensors.values()}
+    return sum(t.numel() * t.element_size() for t in seen.values())

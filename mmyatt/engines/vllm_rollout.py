@@ -167,6 +167,8 @@ class VLLMRolloutPolicy(WrappedPolicy):
         # a LoRA policy (models/lora.py) syncs its adapter only; None: full weights
         lora = getattr(self._adapter(), "lora", None)
         self._lora = None if lora is None else AdapterSync(lora)
+        if self._lora is not None:  # a given engine holds the base, not yet the adapter
+            self._synced = None
         self._base_lost = False  # a LoRA engine woke from level-2 sleep without weights
         if self._lora is not None and getattr(engine, "name", None) == "megatron":
             raise ValueError(
