@@ -7,8 +7,15 @@
 #   2. `mmyatt bench flow-real`: SD3.5-medium-shaped transformer, 512x512, 10 steps:
 #      images/s of mmyatt's sampler against diffusers' StableDiffusion3Pipeline, one
 #      Flow-GRPO and one DiffusionNFT update (seconds, MFU), peak memory per phase;
-#   3. `mmyatt bench engines`: text update MFU and rollout (Qwen2.5-0.5B shape);
-#   4. the placement bench on the machine's CPU cores (no GPU visible to it): the
+#   3. `mmyatt bench engines`: text rollout and update (Qwen2.5-0.5B shape, 16 prompts x
+#      8 samples x 256 tokens), model FLOP/s and MFU per phase, and a Qwen2-VL step;
+#   4. the HF decode paths side by side (`python -m mmyatt.bench.engines --decode`):
+#      today's steps, fixed-shape steps over a kept cache (rollout.hf_static_cache) and
+#      those compiled as CUDA graphs (rollout.compile_decode), text and VLM, same shapes:
+#      rollout tokens/s of each, their ratios, and whether they draw the same samples;
+#   5. peak memory of scoring the taken tokens from 16 x 288 x 152 k bf16 logits: the
+#      full float32 log-softmax against the chunked one (bench/logprob_memory.py);
+#   6. the placement bench on the machine's CPU cores (no GPU visible to it): the
 #      judge_heavy and drifting workloads, every mode side by side, 4 controllers, one
 #      round, 4 steps per run (5 per drifting segment); what the time limit leaves it.
 # Every figure goes into ONE JSON, $OUT/gpu_figures.json (bench_out/ when OUT is unset),
@@ -27,16 +34,23 @@ if [ "$DRY" = 1 ]; then
   PY=${PYTHON:-python3}
   export MMYATT_FLOW_REAL_SIZE=tiny CUDA_VISIBLE_DEVICES=""
   LIMIT=${TIME_LIMIT_S:-1600}
-  CAPS=(300 400 400 800)  # pytest, flow_real, engines, placement: a slow shared CPU
-  # tiny shapes: the quick engines bench, one placement workload with 2 controllers
+  # pytest, flow_real, engines, decode, logprob_memory, placement: a slow shared CPU
+  CAPS=(300 400 400 400 120 800)
+  # tiny shapes: the quick engines benches (the compiled decode arms captured by
+  # torch.compile's eager backend: inductor would take minutes on the CPU), small
+  # logits, one placement workload with 2 controllers
   ENGINES=(--quick)
+  DECODE=(--quick --compile-backend eager)
+  LOGPROB=(--rows 2 --tokens 32 --vocab 2000 --dtype float32)
   PLACEMENT=(--workload judge_heavy --rounds 1 --steps 2 --set distributed.nproc=2)
 else
   source bench/gpu_env.sh
   PY=python3
   LIMIT=${TIME_LIMIT_S:-530}
-  CAPS=(110 170 150 240)
+  CAPS=(100 140 110 160 20 240)
   ENGINES=()
+  DECODE=()
+  LOGPROB=(--rows 16 --tokens 288 --vocab 151936 --dtype bfloat16)
   PLACEMENT=(--workload judge_heavy --workload drifting --rounds 1 --steps 4
     --set distributed.nproc=4)
 fi
@@ -64,10 +78,16 @@ part pytest_gpu "${CAPS[0]}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
   --deselect tests/test_gpu_engines.py::test_bench_engines_reports_every_figure \
   tests/test_gpu.py tests/test_gpu_engines.py
 part flow_real "${CAPS[1]}" "$PY" -m mmyatt bench flow-real --out "$OUT/flow_real.json"
-part engines "${CAPS[2]}" "$PY" -m mmyatt bench engines "${ENGINES[@]}" --out "$OUT/engines.json"
+# the module's own entry point: it writes what it has measured after each arm
+# (engines.json.partial), should its cap cut it short
+part engines "${CAPS[2]}" "$PY" -m mmyatt.bench.engines "${ENGINES[@]}" --out "$OUT/engines.json"
+part decode "${CAPS[3]}" "$PY" -m mmyatt.bench.engines --decode "${DECODE[@]}" \
+  --out "$OUT/engines_decode.json"
+part logprob_memory "${CAPS[4]}" "$PY" bench/logprob_memory.py "${LOGPROB[@]}" \
+  --out "$OUT/logprob_memory.json"
 # the CPU cores only: no GPU visible to the controllers or the judge server; main()
 # directly, not `python -m`, so that the bench module is imported once
-part placement "${CAPS[3]}" env CUDA_VISIBLE_DEVICES= "$PY" -c \
+part placement "${CAPS[5]}" env CUDA_VISIBLE_DEVICES= "$PY" -c \
   'import logging, sys; from mmyatt.placement.bench import main
 logging.basicConfig(level=logging.INFO, format="%(message)s"); sys.exit(main(sys.argv[1:]))' \
   "${PLACEMENT[@]}" --set distributed.device=cpu --out "$OUT/placement_cpu.json"
@@ -134,6 +154,7 @@ figures = {
     "pytest_gpu": tests,
 }
 for key, file in (("flow_real", "flow_real.json"), ("engines", "engines.json"),
+                  ("decode", "engines_decode.json"), ("logprob_memory", "logprob_memory.json"),
                   ("placement", "placement_cpu.json")):
     data, src = load(file)
     figures[key] = data
@@ -143,6 +164,9 @@ for key, file in (("flow_real", "flow_real.json"), ("engines", "engines.json"),
     json.dumps(figures, indent=2, default=str) + "\n"
 )
 print(f"[gpu_run] figures -> {out / 'gpu_figures.json'}")
+if figures["decode"]:
+    print("[gpu_run]   decode tokens/s over today's path:",
+          figures["decode"].get("rollout_speed_over_today"))
 for name, p in parts.items():
     print(f"[gpu_run]   {name}: {p}")
 PY

@@ -1,8 +1,8 @@
 """The prepared GPU run (bench/gpu_run.sh) and its flow bench, dry-run on the CPU.
 
 In the default suite: the SD3 FLOP count of ``mmyatt bench flow-real`` against torch's
-FLOP counter on a real forward, the script's syntax, and the flow bench at tiny shapes
-(seconds). Slow (about 2 minutes on 2 idle cores, far more when they are busy): the
+FLOP counter on a real forward, the script's syntax, the flow bench at tiny shapes
+(seconds), and the decode bench's arms at tiny shapes. Slow (about 2 minutes on 2 idle cores, far more when they are busy): the
 whole script's dry run, whose one JSON must hold every part with measured, finite
 figures.
 """
@@ -22,6 +22,7 @@ from diffusers import SD3Transformer2DModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from mmyatt.bench.engines import bench_engines
 from mmyatt.bench.flow_real import (
     SD35_MEDIUM_TRANSFORMER,
     SIZES,
@@ -95,6 +96,28 @@ def test_flow_real_tiny_measures_every_phase():
     _check_flow_real(bench_flow_real(size="tiny", device="cpu"))
 
 
+def test_decode_bench_tiny_measures_every_path():
+    _check_decode(bench_engines(quick=True, decode=True, compile_backend="eager"))
+
+
+def _check_decode(r: dict) -> None:
+    """The decode arms: every path measured, text and VLM, drawing today's samples."""
+    assert r["benchmark"] == "engines-decode" and not r["skipped"], r["skipped"]
+    arms = {**r["arms"], **r["vlm_arms"]}
+    assert set(arms) == {
+        "hf_replica", "hf_replica_static", "hf_replica_compiled",
+        "vlm_replica_today", "vlm_replica_static", "vlm_replica_compiled",
+    }  # fmt: skip
+    for name, a in arms.items():
+        assert _finite_positive(a["rollout_tokens_per_s"]), name
+        assert _finite_positive(a["update_tflops_per_s"]), name
+        if "static" in name or "compiled" in name:  # tiny fp32 models: the very same tokens
+            assert a["same_samples_as_today"]["rows_same_tokens"] == 1.0, name
+    assert set(r["rollout_speed_over_today"]) == {
+        "text_static", "text_compiled", "vlm_static", "vlm_compiled"
+    }  # fmt: skip
+
+
 @pytest.mark.slow
 def test_gpu_script_dry_run_writes_one_json_with_every_part(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable,
@@ -104,7 +127,9 @@ def test_gpu_script_dry_run_writes_one_json_with_every_part(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     fig = json.loads((tmp_path / "gpu_figures.json").read_text())
     assert fig["dry_run"] is True and fig["date"] and fig["revision"]
-    assert set(fig["parts"]) == {"pytest_gpu", "flow_real", "engines", "placement"}
+    assert set(fig["parts"]) == {
+        "pytest_gpu", "flow_real", "engines", "decode", "logprob_memory", "placement"
+    }  # fmt: skip
     for name, part in fig["parts"].items():
         assert part["exit_status"] == 0, (name, part)
     tests = fig["pytest_gpu"]
@@ -114,6 +139,9 @@ def test_gpu_script_dry_run_writes_one_json_with_every_part(tmp_path):
     assert arms and all(
         _finite_positive(v) for a in arms.values() for k, v in a.items() if k.endswith("_s")
     )
+    _check_decode(fig["decode"])
+    for arm in fig["logprob_memory"]["arms"].values():
+        assert "error" not in arm and _finite_positive(arm["seconds"]), arm
     placement = fig["placement"]["judge_heavy"]
     for mode in MODES:
         assert _finite_positive(placement[mode]["step_s"]), (mode, placement.get(mode))

@@ -6,40 +6,57 @@ a tiny Qwen2 on the CPU) it measures, per arm:
 - rollout tokens/s of the adapter's own sampler (``rollout.backend=hf``) and of vLLM
   (``rollout.backend=vllm``, when installed), and their ratio;
 - the update of ``train.backend=replica`` and ``fsdp2``: seconds per optimizer step
-  (one forward + backward over the rollout + AdamW) and, on CUDA, MFU =
-  6 x parameters x processed tokens / time / peak bf16 FLOP/s (989 TFLOP/s for H100/H200
-  SXM; the 6N rule counts no attention FLOPs, so it slightly under-states);
+  (one forward + backward over the rollout + AdamW, in micro-batches of a token budget);
+- model FLOP/s per phase (rollout, update) from the model's FLOPs per token
+  (``models.flops``: 2N per token fed plus attention, training three times that; real
+  tokens, each prompt once per group) and, on a GPU with a known peak, MFU per phase;
+  ``update_mfu_6n_padded`` is the former 6 x parameters x padded tokens figure;
 - vLLM weight-sync seconds (trainer -> engine after the update) and sleep / wake seconds;
 - peak device memory (CUDA) or peak RSS (CPU).
 
 And a VLM step with images (Qwen2-VL shaped: 2B-like on a GPU, tiny on the CPU): HF
 rollout + FSDP2 update, with the same timings. Every figure is measured here; arms that
 cannot run (vLLM not installed, no CUDA for MFU) are reported as skipped with the reason.
+
+``decode=True`` (``python -m mmyatt.bench.engines --decode``) compares the HF decode
+paths instead, same shapes, one run: today's steps, the fixed-shape steps over a kept
+cache (``rollout.hf_static_cache``) and those compiled (``rollout.compile_decode``: CUDA
+graphs on a GPU), for the text policy and the VLM (replica engine), with the ratios of
+their rollout tokens/s and how many rows draw the very same tokens as today's path.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as tdist
 
 from mmyatt import algorithms as alg
+from mmyatt.bench.registry import write_result
 from mmyatt.bench.runs import machine
 from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
 from mmyatt.engines import available, build_engines, close_engines
 from mmyatt.models.builtin import tiny_vlm
 from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
+from mmyatt.models.flops import ModelFlops, mfu, peak_bf16_flops
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import RolloutStats, Sampling
+from mmyatt.rollout import Rollout
+from mmyatt.step.batches import token_micro_batches
 
-PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM dense bf16
+FAST = ["rollout.hf_static_cache=true"]
+COMPILED = [*FAST, "rollout.compile_decode=true"]
 
 # the Qwen2.5 text configs (vocabulary, layers, widths as published), random weights
 QWEN25 = {
@@ -123,6 +140,37 @@ def _peak_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _peak_flops(device: str) -> float | None:
+    return peak_bf16_flops(torch.cuda.get_device_name(0)) if device.startswith("cuda") else None
+
+
+def model_flops(r: Rollout, flops: ModelFlops) -> tuple[float, float]:
+    """(rollout, update) model FLOPs of rollout ``r``: each distinct prompt prefilled once
+    (its real tokens), then each row's actions but the last fed after it; the update
+    scores the same tokens forward and backward (``ModelFlops.rows``)."""
+    A = r.num_actions
+    attn = r.context["attention_mask"]
+    prompts = attn[:, : attn.shape[1] - A].sum(1).tolist()
+    actions = r.mask.sum(1).long().tolist()
+    group, g = [], -1
+    for i, pid in enumerate(r.prompt_ids):
+        g += 1 if i == 0 or pid != r.prompt_ids[i - 1] else 0
+        group.append(g)
+    tokens, keys = flops.rows([int(p) for p in prompts], actions, group)
+    return flops.forward(tokens, keys), flops.train(tokens, keys)
+
+
+def _agreement(today: Rollout, fast: Rollout) -> dict:
+    """How many rows drew the very same tokens, and the largest log-prob gap where they
+    did (today's decode path against the fixed-shape one, same seeds)."""
+    same = (today.actions == fast.actions).all(1) & (today.mask == fast.mask).all(1)
+    gap = (today.logprobs - fast.logprobs).abs().amax(1)
+    return {
+        "rows_same_tokens": float(same.float().mean()),
+        "max_logprob_gap_same_rows": float(gap[same].max()) if bool(same.any()) else None,
+    }
+
+
 def run_arm(
     policy_factory,
     overrides,
@@ -133,36 +181,53 @@ def run_arm(
     steps,
     device,
     records=_records,
-    micro_batch: int = 16,
+    micro_batch_tokens: int = 16 * (32 + 256),
+    language_model=None,
+    compile_backend: str | None = None,
 ):
     """``steps`` GRPO-shaped steps (generate, score-free random advantages, one update
-    accumulated over micro-batches of ``micro_batch`` sequences) through
-    ``build_engines``; medians over the steps after the first (warm-up)."""
+    accumulated over micro-batches of at most ``micro_batch_tokens`` padded tokens,
+    ``mmyatt.step.batches.token_micro_batches``) through ``build_engines``; medians over
+    the steps after the first (warm-up, and the compile of a compiled decode step:
+    ``rollout_first_s``). With ``rollout.hf_static_cache`` in ``overrides``, the first
+    rollout is drawn again through today's decode path to compare the samples.
+    ``language_model(module)``: the part whose FLOPs count (a VLM's language model)."""
 
     cfg = load_config(None, overrides)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    engine, policy = build_engines(cfg, Dist(0, 1, device), policy_factory())
+    raw = policy_factory()
+    module = raw.module()
+    flops = ModelFlops.of(module, language_model(module) if language_model else None)
+    engine, policy = build_engines(cfg, Dist(0, 1, device), raw)
+    if compile_backend is not None and cfg.rollout.compile_decode:
+        raw.fast_decode.backend = compile_backend
     params = [p for p in policy.module().parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=1e-6)
-    gen_s, upd_s, tok_gen, tok_proc, syncs = [], [], [], [], []
+    gen_s, upd_s, tok_gen, tok_proc, syncs, f_gen, f_upd = [], [], [], [], [], [], []
+    first_s, agreement = None, None
     g = torch.Generator().manual_seed(0)
+    sampling = Sampling(max_new_tokens=tokens)
     for step in range(steps):
         recs = records(prompts)
         _sync(device)
         t0 = time.perf_counter()
-        r = policy.generate(recs, group, Sampling(max_new_tokens=tokens), list(range(prompts)))
+        r = policy.generate(recs, group, sampling, list(range(prompts)))
         _sync(device)
         t1 = time.perf_counter()
+        if step == 0 and cfg.rollout.hf_static_cache:
+            fast, raw.fast_decode = raw.fast_decode, None  # today's path, once
+            agreement = _agreement(raw.generate(recs, group, sampling, list(range(prompts))), r)
+            raw.fast_decode = fast  # (not timed: the update's clock starts below)
         adv = torch.randn(len(r), generator=g)
         opt.zero_grad(set_to_none=True)
-        # micro-batches of ``micro_batch`` sequences, each numerator over the batch's
-        # token count (token-mean): the gradient of the whole batch's loss, without the
-        # whole batch's logits at once (16 x 8 x 288 tokens x 152 k vocab is 18 GB in fp32)
+        # micro-batches by padded tokens, each numerator over the batch's token count
+        # (token-mean): the gradient of the whole batch's loss, without the whole batch
+        # at once (16 x 8 x 288 tokens x 152 k vocabulary is 11 GB of bf16 logits)
         den = r.mask.sum().clamp(min=1).to(device)
-        for lo in range(0, len(r), micro_batch):
-            rows = list(range(lo, min(lo + micro_batch, len(r))))
+        t1u = time.perf_counter()
+        for rows in token_micro_batches(r, micro_batch_tokens, whole_groups=True):
             mb = r.select(rows)
             lp = policy.logprobs(mb)
             mask = mb.mask.to(lp.device)
@@ -175,49 +240,82 @@ def run_arm(
         _sync(device)
         t2 = time.perf_counter()
         if step == 0:
+            first_s = t1 - t0
             continue
         gen_s.append(t1 - t0)
-        upd_s.append(t2 - t1)
+        upd_s.append(t2 - t1u)
         tok_gen.append(float(r.mask.sum()))
         tok_proc.append(float(r.context["input_ids"].numel()))
+        fg, fu = model_flops(r, flops)
+        f_gen.append(fg)
+        f_upd.append(fu)
         if isinstance(policy, RolloutStats):  # a vLLM rollout engine: its weight-sync time
             syncs.append(dict(policy.timings))
     gen, upd = statistics.median(gen_s), statistics.median(upd_s)
+    fg, fu = statistics.median(f_gen), statistics.median(f_upd)
     out = {
         "overrides": overrides,
         "trainable_params": n_params,
+        "model_flops": {
+            "matmul_params": flops.matmul_params,
+            "layers": flops.layers,
+            "attn_width": flops.attn_width,
+        },  # fmt: skip
+        "rollout_first_s": first_s,
         "rollout_s": gen,
         "rollout_tokens_per_s": statistics.median(tok_gen) / gen,
+        "rollout_tflops_per_s": fg / gen / 1e12,
         "update_s": upd,
         "update_tokens_per_s": statistics.median(tok_proc) / upd,
+        "update_tflops_per_s": fu / upd / 1e12,
+        "micro_batch_tokens": micro_batch_tokens,
         "peak_memory_mb": _peak_mb(device),
     }
-    if device.startswith("cuda"):
-        out["update_mfu"] = 6 * n_params * statistics.median(tok_proc) / upd / PEAK_BF16_FLOPS
+    peak = _peak_flops(device)
+    if peak is not None:
+        out["rollout_mfu"] = mfu(fg, gen, peak)
+        out["update_mfu"] = mfu(fu, upd, peak)
+        out["update_mfu_6n_padded"] = 6 * n_params * statistics.median(tok_proc) / upd / peak
+    if agreement is not None:
+        out["same_samples_as_today"] = agreement
     for k in ("rollout/weight_sync_s", "rollout/sleep_s", "rollout/wake_s"):
         vals = [s[k] for s in syncs if k in s]
         if vals:
             out[k.split("/")[1]] = statistics.median(vals)
-    import torch.distributed as tdist
-
     close_engines()  # a vLLM engine leaves before the process group it uses
     if tdist.is_initialized():  # the FSDP2 arm made a process group of one
         tdist.destroy_process_group()
     return out
 
 
-def bench_engines(quick: bool = False, size: str | None = None) -> dict:
+def _shapes(cuda: bool, quick: bool, tokens: int | None) -> tuple[int, int, int]:
+    prompts, group, budget = (16, 8, 256) if cuda else (4, 4, 8)
+    if quick:
+        prompts, budget = max(2, prompts // 4), max(4, budget // 4)
+    return prompts, group, tokens or budget
 
+
+def bench_engines(
+    quick: bool = False,
+    size: str | None = None,
+    decode: bool = False,
+    tokens: int | None = None,
+    compile_backend: str | None = None,
+    on_arm=None,
+) -> dict:
+    """The engines' arms (module docstring); ``decode``: the HF decode paths instead.
+    ``tokens``: the action budget (default by device); ``compile_backend``: the compiled
+    decode arms' torch.compile backend (default inductor; "eager" checks the capture
+    alone, without a compiler's minutes on the CPU). ``on_arm(result)``: called with the
+    result so far after each arm (a caller under a time limit writes it)."""
     cuda = torch.cuda.is_available()
     device = "cuda:0" if cuda else "cpu"
     size = size or ("qwen2.5-0.5b" if cuda else "tiny")
     dtype = torch.bfloat16 if cuda else torch.float32
-    prompts, group, tokens = (16, 8, 256) if cuda else (4, 4, 8)
-    if quick:
-        prompts, tokens = max(2, prompts // 4), max(4, tokens // 4)
+    prompts, group, tokens = _shapes(cuda, quick, tokens)
     steps = 3
     out: dict = {
-        "benchmark": "engines",
+        "benchmark": "engines-decode" if decode else "engines",
         "machine": machine(),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "model": size,
@@ -225,6 +323,7 @@ def bench_engines(quick: bool = False, size: str | None = None) -> dict:
         "group_size": group,
         "max_new_tokens": tokens,
         "steps_measured": steps - 1,
+        "compile_backend": compile_backend or "inductor",
         "arms": {},
         "skipped": {},
     }
@@ -234,27 +333,35 @@ def bench_engines(quick: bool = False, size: str | None = None) -> dict:
         def make():
             return TextPolicy.load(path, dtype=dtype, max_prompt_tokens=32, device=device)
 
-        arms = {
-            "hf_replica": ["train.backend=replica"],
-            "hf_fsdp2": ["train.backend=fsdp2"],
-            "vllm_fsdp2": ["train.backend=fsdp2", "rollout.backend=vllm", f"model.path={path}"],
-        }
+        if decode:
+            arms = {
+                "hf_replica": ["train.backend=replica"],
+                "hf_replica_compiled": ["train.backend=replica", *COMPILED],
+                "hf_replica_static": ["train.backend=replica", *FAST],
+            }
+        else:
+            arms = {
+                "hf_replica": ["train.backend=replica"],
+                "hf_fsdp2": ["train.backend=fsdp2"],
+                "vllm_fsdp2": [
+                    "train.backend=fsdp2",
+                    "rollout.backend=vllm",
+                    f"model.path={path}",
+                ],
+            }
+        kw = dict(prompts=prompts, group=group, tokens=tokens, steps=steps, device=device)
+        kw["micro_batch_tokens"] = 16 * (32 + tokens)
+        kw["compile_backend"] = compile_backend
         for name, ov in arms.items():
             if "rollout.backend=vllm" in ov and not available("vllm"):
                 out["skipped"][name] = "vllm not installed"
                 continue
             try:
-                out["arms"][name] = run_arm(
-                    make,
-                    ov,
-                    prompts=prompts,
-                    group=group,
-                    tokens=tokens,
-                    steps=steps,
-                    device=device,
-                )
+                out["arms"][name] = run_arm(make, ov, **kw)
             except Exception as e:  # an arm that fails is reported, the others still run
                 out["skipped"][name] = f"{type(e).__name__}: {e}"[:500]
+            if on_arm is not None:
+                on_arm(out)
         a = out["arms"]
         if "hf_replica" in a and "hf_fsdp2" in a:
             out["update_speed_fsdp2_over_replica"] = (
@@ -264,27 +371,60 @@ def bench_engines(quick: bool = False, size: str | None = None) -> dict:
             out["rollout_speed_vllm_over_hf"] = (
                 a["vllm_fsdp2"]["rollout_tokens_per_s"] / a["hf_fsdp2"]["rollout_tokens_per_s"]
             )
-        try:
-            out["vlm_fsdp2"] = bench_vlm(Path(tmp) / "vlm", cuda, device, quick)
-        except Exception as e:
-            out["skipped"]["vlm_fsdp2"] = f"{type(e).__name__}: {e}"[:500]
+        if decode:
+            out["vlm_arms"] = {}
+            for name, ov in (("today", []), ("compiled", COMPILED), ("static", FAST)):
+                try:
+                    out["vlm_arms"][f"vlm_replica_{name}"] = bench_vlm(
+                        Path(tmp) / "vlm",
+                        cuda,
+                        device,
+                        quick,
+                        ["train.backend=replica", *ov],
+                        compile_backend=compile_backend,
+                    )
+                except Exception as e:
+                    out["skipped"][f"vlm_replica_{name}"] = f"{type(e).__name__}: {e}"[:500]
+                if on_arm is not None:
+                    on_arm(out)
+            out["rollout_speed_over_today"] = _speedups(a, out["vlm_arms"])
+        else:
+            try:
+                out["vlm_fsdp2"] = bench_vlm(Path(tmp) / "vlm", cuda, device, quick)
+            except Exception as e:
+                out["skipped"]["vlm_fsdp2"] = f"{type(e).__name__}: {e}"[:500]
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
-def bench_vlm(out: Path, cuda: bool, device: str, quick: bool) -> dict:
-    """A VLM GRPO-shaped step with images: HF rollout + FSDP2 update."""
+def _speedups(text: dict, vlm: dict) -> dict:
+    """Rollout tokens/s of each fast decode arm over today's path, text and VLM."""
+    out = {}
+    for arms, today, prefix in ((text, "hf_replica", "text"), (vlm, "vlm_replica_today", "vlm")):
+        for name in ("static", "compiled"):
+            fast = next((a for k, a in arms.items() if k.endswith(name)), None)
+            if fast is not None and today in arms:
+                base = arms[today]["rollout_tokens_per_s"]
+                out[f"{prefix}_{name}"] = fast["rollout_tokens_per_s"] / base
+    return out
+
+
+def bench_vlm(
+    out: Path, cuda: bool, device: str, quick: bool, overrides=None, compile_backend=None
+) -> dict:
+    """A VLM GRPO-shaped step with images: HF rollout + an update (FSDP2 by default)."""
     from PIL import Image
 
     size = "small"
     if cuda:  # a 2B-shaped Qwen2-VL (this module's own size entry)
         tiny_vlm.TINY_VLM_SIZES.setdefault("bench-2b", VLM_2B)
         size = "bench-2b"
-    path = tiny_vlm.build_tiny_vlm(out, size=size, corpus=CORPUS[:50])
+    if not (out / "config.json").is_file():
+        tiny_vlm.build_tiny_vlm(out, size=size, corpus=CORPUS[:50])
     dtype = torch.bfloat16 if cuda else torch.float32
 
     def make():
-        return VLMPolicy.load(path, dtype=dtype, max_prompt_tokens=48, device=device)
+        return VLMPolicy.load(out, dtype=dtype, max_prompt_tokens=48, device=device)
 
     images = [Image.new("RGB", (56, 56), c) for c in ("red", "blue", "green", "yellow")]
 
@@ -294,13 +434,51 @@ def bench_vlm(out: Path, cuda: bool, device: str, quick: bool) -> dict:
             for i in range(n)
         ]
 
+    tokens = 64 if cuda else 8
     return run_arm(
         make,
-        ["train.backend=fsdp2", "model.kind=vlm"],
+        [*(overrides or ["train.backend=fsdp2"]), "model.kind=vlm"],
         prompts=16 if cuda and not quick else 4,
         group=4,
-        tokens=64 if cuda else 8,
+        tokens=tokens,
         steps=3,
         device=device,
         records=vlm_records,
+        micro_batch_tokens=16 * (48 + tokens),
+        language_model=lambda m: m.model.language_model,
+        compile_backend=compile_backend,
     )
+
+
+def main(argv=None) -> int:
+    """``python -m mmyatt.bench.engines [--quick] [--decode] --out FILE``."""
+    ap = argparse.ArgumentParser(description="mmyatt bench engines (or its decode arms)")
+    ap.add_argument("--quick", action="store_true", help="the small shapes the tests use")
+    ap.add_argument("--decode", action="store_true", help="the HF decode paths side by side")
+    ap.add_argument("--tokens", type=int, help="action budget per sample")
+    ap.add_argument("--compile-backend", help="torch.compile backend of the compiled arms")
+    ap.add_argument("--out", help="write the result (JSON) here")
+    a = ap.parse_args(argv)
+    partial = Path(f"{a.out}.partial") if a.out else None
+
+    def on_arm(result: dict) -> None:  # what is measured so far, should time run out
+        if partial is not None:
+            write_result(result, partial)
+
+    result = bench_engines(
+        quick=a.quick,
+        decode=a.decode,
+        tokens=a.tokens,
+        compile_backend=a.compile_backend,
+        on_arm=on_arm,
+    )
+    if a.out:
+        write_result(result, a.out)
+        partial.unlink(missing_ok=True)
+    else:
+        print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
