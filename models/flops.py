@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from mmyatt.rollout import Rollout
+
 # dense bf16 tensor-core peak (FLOP/s) by GPU name, from the vendors' data sheets (SXM)
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
 
@@ -94,6 +96,23 @@ class ModelFlops:
             fed = max(a - 1, 0)
             tokens, keys = tokens + fed, keys + causal_keys(p, fed)
         return tokens, keys
+
+
+def rollout_flops(r: Rollout, flops: ModelFlops) -> tuple[float, float]:
+    """(generate, update) model FLOPs of a text or VLM rollout ``r``: each distinct
+    prompt (consecutive equal ``prompt_ids``) prefilled once over its real tokens, then
+    each row's actions but the last fed after it (``ModelFlops.rows``); one update pass
+    scores the same tokens forward and backward."""
+    A = r.num_actions
+    attn = r.context["attention_mask"]
+    prompts = attn[:, : attn.shape[1] - A].sum(1).tolist()
+    actions = r.mask.sum(1).long().tolist()
+    group, g = [], -1
+    for i, pid in enumerate(r.prompt_ids):
+        g += 1 if i == 0 or pid != r.prompt_ids[i - 1] else 0
+        group.append(g)
+    tokens, keys = flops.rows([int(p) for p in prompts], actions, group)
+    return flops.forward(tokens, keys), flops.train(tokens, keys)
 
 
 def mfu(flops: float, seconds: float, peak: float | None) -> float | None:

@@ -4,7 +4,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mmyatt.models.flops import ModelFlops, causal_keys, mfu, peak_bf16_flops
+from mmyatt.models.flops import ModelFlops, causal_keys, mfu, peak_bf16_flops, rollout_flops
+from mmyatt.rollout import Rollout
 
 
 def _tiny(tied: bool) -> Qwen2ForCausalLM:
@@ -53,3 +54,24 @@ def test_vlm_language_model_scope_and_mfu():
     assert mfu(2e12, 2.0, 1e12) == 1.0
     assert mfu(1.0, 1.0, None) is None
     assert peak_bf16_flops("NVIDIA H200") == 989e12 and peak_bf16_flops("cpu") is None
+
+
+def test_rollout_flops_reads_real_lengths_and_groups_from_a_rollout():
+    # rows 0-1 answer prompt "a" (3 real tokens of a width-4 prompt), row 2 prompt "b"
+    # (2 real tokens): the rows() case above, read from the tensors a rollout holds
+    attn = torch.tensor(
+        [[0, 1, 1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 1, 1]]
+    )
+    mask = attn[:, 4:].float()
+    r = Rollout(
+        prompt_ids=["a", "a", "b"],
+        actions=torch.zeros(3, 4, dtype=torch.long),
+        logprobs=torch.zeros(3, 4),
+        mask=mask,
+        context={"attention_mask": attn},
+        outputs=["", "", ""],
+        records=[{}, {}, {}],
+    )
+    f = ModelFlops(matmul_params=10, layers=1, attn_width=1)
+    tokens, keys = 3 + 1 + 2 + 3, 6 + 4 + 3 + 12
+    assert rollout_flops(r, f) == (f.forward(tokens, keys), f.train(tokens, keys))

@@ -48,7 +48,7 @@ from mmyatt.distributed import Dist
 from mmyatt.engines import available, build_engines, close_engines
 from mmyatt.models.builtin import tiny_vlm
 from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
-from mmyatt.models.flops import ModelFlops, mfu, peak_bf16_flops
+from mmyatt.models.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import RolloutStats, Sampling
@@ -144,22 +144,6 @@ def _peak_flops(device: str) -> float | None:
     return peak_bf16_flops(torch.cuda.get_device_name(0)) if device.startswith("cuda") else None
 
 
-def model_flops(r: Rollout, flops: ModelFlops) -> tuple[float, float]:
-    """(rollout, update) model FLOPs of rollout ``r``: each distinct prompt prefilled once
-    (its real tokens), then each row's actions but the last fed after it; the update
-    scores the same tokens forward and backward (``ModelFlops.rows``)."""
-    A = r.num_actions
-    attn = r.context["attention_mask"]
-    prompts = attn[:, : attn.shape[1] - A].sum(1).tolist()
-    actions = r.mask.sum(1).long().tolist()
-    group, g = [], -1
-    for i, pid in enumerate(r.prompt_ids):
-        g += 1 if i == 0 or pid != r.prompt_ids[i - 1] else 0
-        group.append(g)
-    tokens, keys = flops.rows([int(p) for p in prompts], actions, group)
-    return flops.forward(tokens, keys), flops.train(tokens, keys)
-
-
 def _agreement(today: Rollout, fast: Rollout) -> dict:
     """How many rows drew the very same tokens, and the largest log-prob gap where they
     did (today's decode path against the fixed-shape one, same seeds)."""
@@ -246,7 +230,7 @@ def run_arm(
         upd_s.append(t2 - t1u)
         tok_gen.append(float(r.mask.sum()))
         tok_proc.append(float(r.context["input_ids"].numel()))
-        fg, fu = model_flops(r, flops)
+        fg, fu = rollout_flops(r, flops)
         f_gen.append(fg)
         f_upd.append(fu)
         if isinstance(policy, RolloutStats):  # a vLLM rollout engine: its weight-sync time
