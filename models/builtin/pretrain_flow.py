@@ -55,6 +55,7 @@ Run: ``python -m mmyatt.models.builtin.pretrain_flow OUT_DIR`` (see ``--help``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import time
@@ -210,6 +211,7 @@ def pretrain_flow(
     position_channels: bool = False,
     snapshots: tuple[int, ...] = (),
     task: str = "shapes",
+    ema: float = 0.0,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -231,7 +233,9 @@ def pretrain_flow(
     saved to ``out_dir/step{N}`` (to pick a base with room left for RL). ``task``
     "geneval": the tiny GenEval's scenes (``datasets/geneval.py``) and vocabulary instead
     of single shapes; its evaluation is the independent checker on the validation split
-    (``evaluate_geneval``, once, at CFG 1) instead of the shape rules.
+    (``evaluate_geneval``, once, at CFG 1) instead of the shape rules. ``ema`` > 0:
+    an exponential moving average of the weights (decay ``min(ema, (1 + n) / (10 + n))``
+    after n steps) is what is saved, snapshots included; 0 saves the trained weights.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -263,6 +267,7 @@ def pretrain_flow(
             position_channels=position_channels,
             snapshots=tuple(snapshots),
             task=task,
+            ema=ema,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -294,6 +299,7 @@ def _train(
     position_channels,
     snapshots,
     task="shapes",
+    ema=0.0,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -333,6 +339,7 @@ def _train(
         f"pretrain {kind}: transformer {n_params:,} params, text encoder {n_text:,}, "
         f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}"
     )
+    averaged = _Ema(params, ema) if ema > 0 else None
     recent: list[float] = []
     t_train = time.time()
     done = 0
@@ -349,11 +356,14 @@ def _train(
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
+        if averaged is not None:
+            averaged.update()
         recent.append(float(loss.detach()))
         recent = recent[-log_every:]
         done = step + 1
         if done in snapshots:
-            _save_on_cpu(policy, out / f"step{done}", device)
+            with _swapped(averaged):
+                _save_on_cpu(policy, out / f"step{done}", device)
             logger.info(f"snapshot saved: {out / f'step{done}'}")
         if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
             logger.info(
@@ -361,6 +371,8 @@ def _train(
                 f"{time.time() - t_train:.0f}s"
             )
     train_s = time.time() - t_train
+    if averaged is not None:
+        averaged.swap()  # from here on the policy holds the averaged weights
     policy.text_encoder.eval().requires_grad_(False)
     policy.transformer.eval()
     policy.transformer.to("cpu")
@@ -387,6 +399,8 @@ def _train(
         "position_channels": position_channels,
         "device": str(device),
         "batch_size": batch_size,
+        "lr": lr,
+        "ema": ema,
         "params": n_params,
         "text_params": n_text,
         "loss": float(np.mean(recent)),
@@ -396,6 +410,42 @@ def _train(
     }
     (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+class _Ema:
+    """An exponential moving average of ``params`` with the usual warm-up of its decay
+    (``min(decay, (1 + n) / (10 + n))`` at update n), so early averages do not hold the
+    random init. ``swap`` exchanges the averaged and the live weights in place."""
+
+    def __init__(self, params: list[torch.nn.Parameter], decay: float):
+        self.params, self.decay, self.n = params, decay, 0
+        self.shadow = [p.detach().clone() for p in params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        d = min(self.decay, (1 + self.n) / (10 + self.n))
+        self.n += 1
+        for s, p in zip(self.shadow, self.params):
+            s.lerp_(p.detach(), 1.0 - d)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        for s, p in zip(self.shadow, self.params):
+            tmp = p.detach().clone()
+            p.copy_(s)
+            s.copy_(tmp)
+
+
+@contextlib.contextmanager
+def _swapped(averaged: _Ema | None):
+    """The averaged weights in place for the block (nothing if ``averaged`` is None)."""
+    if averaged is not None:
+        averaged.swap()
+    try:
+        yield
+    finally:
+        if averaged is not None:
+            averaged.swap()
 
 
 def _save_on_cpu(policy: FlowPolicy, path: Path, device: str) -> None:
@@ -435,6 +485,13 @@ def main(argv: list[str] | None = None) -> None:
         help="4 heads of this width; the width must reach patch^2 x 3 (the velocity "
         "of a patch, its noise included, passes through it)",
     )
+    ap.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        help="decay of the weight average that is saved (e.g. 0.999; 0: no average)",
+    )
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--eval-samples", type=int, default=64)
     ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
     ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
@@ -476,6 +533,8 @@ def main(argv: list[str] | None = None) -> None:
         position_channels=a.position_channels,
         snapshots=tuple(int(x) for x in a.snapshots.split(",") if x.strip()),
         task=a.task,
+        ema=a.ema,
+        warmup=a.warmup,
     )
     print(json.dumps(m, indent=2))
 
