@@ -473,3 +473,25 @@ def test_judge_pair_table_names_every_shape_in_every_phrasing():
         assert all(0.0 <= v <= 1.0 for v in by_phrasing.values())
     # the right shape in the plainest phrasing is paid more than a wrong one it rejects
     assert table["red square"]["square"]["a {c} {s}"] > table["red square"]["triangle"]["a {c} {s}"]
+
+
+def test_judge_direction_table_asks_every_direction():
+    """The judge is asked each direction of each clip; the summary means agree with the
+    table, and a pick is right for a share of the clips."""
+    from pathlib import Path
+
+    from mmyatt.datasets.shapes import DIRECTIONS
+    from mmyatt.models.builtin.train_describe_judge import direction_table
+    from mmyatt.models.vlm import VLMPolicy
+
+    judge = VLMPolicy.load(
+        str(Path(__file__).resolve().parents[1] / "models" / "builtin" / "describe_judge_shapes"),
+        max_prompt_tokens=160,
+    )
+    out = direction_table(judge, [("red", "circle", "down")], n=2)
+    row = out["per_triple"]["red circle down"]
+    assert set(row) == set(DIRECTIONS)
+    assert out["p_yes_right"] == pytest.approx(row["down"])
+    wrong = [v for k, v in row.items() if k != "down"]
+    assert out["p_yes_wrong"] == pytest.approx(sum(wrong) / 3)
+    assert out["pick_right"] in (0.0, 0.5, 1.0)

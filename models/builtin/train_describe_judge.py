@@ -30,12 +30,14 @@ from mmyatt.datasets.describe import (
     JUDGE_NEGATIVES,
     JUDGE_TEMPLATE,
     VAL_FOLD2_PAIRS,
+    VAL_FOLD2_TRIPLES,
     clip_frames,
     describe_records,
     judge_records,
 )
 from mmyatt.datasets.factored_shapes import named_records
 from mmyatt.datasets.shapes import (
+    DIRECTIONS,
     HELDOUT,
     HELDOUT_TEST,
     HELDOUT_VAL,
@@ -214,6 +216,7 @@ def train_describe_judge(
     direction_share: float = 0.0,
     extra_shapes: float = 0.0,
     freeze: tuple[str, ...] = (),
+    select_directions: bool = False,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
@@ -222,8 +225,11 @@ def train_describe_judge(
     parameter-name prefixes kept as ``start`` has them, as ``model.freeze``) with
     ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
-    validation accuracies (seen + held-out-val) is measured; the best checkpoint is saved
-    to ``out_dir`` and then measured once on the test sets. Returns {"best_step",
+    validation accuracies (seen + held-out-val) is measured (``select_directions``: with,
+    as a third term, how often it pays the true direction most on clips of the
+    validation split's held-out triples, :func:`direction_table`); the best checkpoint is
+    saved to ``out_dir`` and then measured once on the test sets (and, with
+    ``select_directions``, the test triples' direction table). Returns {"best_step",
     "val": {...}, "test": {...}, "seconds"}."""
     import torch
 
@@ -257,27 +263,80 @@ def train_describe_judge(
         schedule.step()
         if step % eval_every == 0 or step == steps:
             model.eval()
-            m = {k: judge_metrics(policy, v) for k, v in val.items()}
-            score = 0.5 * (m["seen"]["accuracy"] + m["heldout"]["accuracy"])
+            m: dict[str, Any] = {k: judge_metrics(policy, v) for k, v in val.items()}
+            terms = [m["seen"]["accuracy"], m["heldout"]["accuracy"]]
+            if select_directions:
+                m["directions"] = direction_table(policy, MOTION_HELDOUT_VAL, n=4, frames=frames)
+                terms.append(m["directions"]["pick_right"])
+            score = float(np.mean(terms))
             say(
                 f"[describe-judge] step {step} loss {float(loss.detach()):.3f} val seen "
-                f"{m['seen']['accuracy']:.3f} held-out {m['heldout']['accuracy']:.3f} "
-                f"({time.perf_counter() - t0:.0f}s)"
+                f"{m['seen']['accuracy']:.3f} held-out {m['heldout']['accuracy']:.3f}"
+                + (
+                    f" direction picked {m['directions']['pick_right']:.3f}"
+                    if select_directions
+                    else ""
+                )
+                + f" ({time.perf_counter() - t0:.0f}s)"
             )
             if score > best["score"]:
                 best = {"score": score, "step": step, "val": m}
                 policy.save(str(out_dir))
     final = VLMPolicy.load(str(out_dir), max_prompt_tokens=max_prompt_tokens)
-    test = {
+    test: dict[str, Any] = {
         k: judge_metrics(final, v)
         for k, v in eval_sets(n_eval, split="test", frames=frames).items()
     }
+    if select_directions:
+        test["directions"] = direction_table(final, MOTION_HELDOUT_TEST, n=4, frames=frames)
     say(f"[describe-judge] kept step {best['step']}; test {test}")
     return {
         "best_step": best["step"],
         "val": best["val"],
         "test": test,
         "seconds": time.perf_counter() - t0,
+    }
+
+
+def direction_table(
+    policy, triples, *, n: int = 8, seed: int = 888, frames: int = FRAMES
+) -> dict[str, Any]:
+    """Whether the judge reads motion: on ``n`` fresh clips of each (colour, shape,
+    direction) triple it is asked "a {colour} {shape} moving {D}" for each direction D.
+    Returns {"per_triple": {"colour shape direction": {D: mean P(Yes)}}, "p_yes_right",
+    "p_yes_wrong" (means over clips), "pick_right": share of clips whose true direction
+    is paid most}. A judge that reads no motion pays every direction alike and picks the
+    right one a quarter of the time."""
+
+    directions = list(DIRECTIONS)
+    recs = describe_records(
+        4 * n * len(triples), seed=seed, video_fraction=1.0, only_triples=list(triples)
+    )
+    per_triple: dict[str, dict[str, float]] = {}
+    right, wrong, picks = [], [], []
+    for c, s, d in triples:
+        clips = [r for r in recs if (r["colour"], r["shape"], r["direction"]) == (c, s, d)][:n]
+        if len(clips) < n:
+            raise ValueError(f"direction_table: drew {len(clips)} clips of {c} {s} {d}, wanted {n}")
+        queries = [
+            {
+                "image": clip_frames(r["video"], frames),
+                "prompt": JUDGE_TEMPLATE.format(output=f"a {c} {s} moving {named}"),
+            }
+            for r in clips
+            for named in directions
+        ]
+        p = np.asarray(judge_scores(policy, queries)).reshape(n, len(directions))
+        truth = directions.index(d)
+        per_triple[f"{c} {s} {d}"] = {k: float(v) for k, v in zip(directions, p.mean(axis=0))}
+        right += p[:, truth].tolist()
+        wrong += np.delete(p, truth, axis=1).ravel().tolist()
+        picks += (p.argmax(axis=1) == truth).tolist()
+    return {
+        "per_triple": per_triple,
+        "p_yes_right": float(np.mean(right)),
+        "p_yes_wrong": float(np.mean(wrong)),
+        "pick_right": float(np.mean(picks)),
     }
 
 
@@ -316,18 +375,27 @@ def pair_table(
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m mmyatt.models.builtin.train_describe_judge pairs JUDGE --split val|fold2|test``: the
-    judge's :func:`pair_table` on the split's held-out pairs, as JSON."""
+    judge's :func:`pair_table` on the split's held-out pairs, as JSON; ``directions JUDGE
+    --split val|fold2|test``: its :func:`direction_table` on the split's held-out triples."""
     import argparse
     import json
 
     p = argparse.ArgumentParser(prog="python -m mmyatt.models.builtin.train_describe_judge")
-    p.add_argument("command", choices=["pairs"])
+    p.add_argument("command", choices=["pairs", "directions"])
     p.add_argument("judge", help="a judge directory or builtin:<name>")
     p.add_argument("--split", choices=["val", "fold2", "test"], default="val")
-    p.add_argument("--n", type=int, default=8, help="images per pair")
+    p.add_argument("--n", type=int, default=8, help="images per pair (clips per triple)")
     a = p.parse_args(argv)
     policy = VLMPolicy.load(_checkpoint_dir(a.judge), max_prompt_tokens=160)
     policy.module().eval()
+    if a.command == "directions":
+        triples = {
+            "val": MOTION_HELDOUT_VAL,
+            "fold2": VAL_FOLD2_TRIPLES,
+            "test": MOTION_HELDOUT_TEST,
+        }[a.split]
+        print(json.dumps(direction_table(policy, triples, n=a.n), indent=1))
+        return
     pairs = {"val": HELDOUT_VAL, "fold2": VAL_FOLD2_PAIRS, "test": HELDOUT_TEST}[a.split]
     print(json.dumps(pair_table(policy, pairs, n=a.n), indent=1))
 
