@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from mmyatt.models.builtin.pretrain_flow import _Ema, _swapped
+from mmyatt.models.builtin.pretrain_flow import _Ema, _swapped, pretrain_flow
+from mmyatt.models.flow import FlowPolicy
 
 
 def test_ema_warms_up_then_averages_by_hand():
@@ -34,3 +35,13 @@ def test_swapped_holds_the_average_only_inside_the_block():
     assert float(p) == 4.0 and float(avg.shadow[0]) == 2.0
     with _swapped(None):  # no average: the live weights
         assert float(p) == 4.0
+
+
+def test_init_starts_from_the_given_weights(tmp_path):
+    small = dict(steps=1, batch_size=2, image_size=16, num_layers=1, eval_guidance=(), log_every=0)
+    pretrain_flow(tmp_path / "a", seed=0, lr=1e-3, **small)
+    m = pretrain_flow(tmp_path / "b", seed=1, lr=1e-9, init=tmp_path / "a", ema=0.9, **small)
+    assert m["init"] == str(tmp_path / "a") and m["steps_done"] == 1
+    a, b = (FlowPolicy.load(tmp_path / d).transformer.state_dict() for d in ("a", "b"))
+    # seed 1's own init differs; one step at lr 1e-9 (and its average) stays at a's weights
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

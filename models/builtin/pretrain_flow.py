@@ -212,6 +212,7 @@ def pretrain_flow(
     snapshots: tuple[int, ...] = (),
     task: str = "shapes",
     ema: float = 0.0,
+    init: str | Path | None = None,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -236,6 +237,9 @@ def pretrain_flow(
     (``evaluate_geneval``, once, at CFG 1) instead of the shape rules. ``ema`` > 0:
     an exponential moving average of the weights (decay ``min(ema, (1 + n) / (10 + n))``
     after n steps) is what is saved, snapshots included; 0 saves the trained weights.
+    ``init``: a pipeline directory of the same architecture whose weights (transformer and
+    text encoder) training starts from instead of the random init (warm-up and cosine are
+    laid out anew over ``steps``).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
@@ -268,6 +272,7 @@ def pretrain_flow(
             snapshots=tuple(snapshots),
             task=task,
             ema=ema,
+            init=init,
         )
     finally:
         torch.set_num_threads(prev_threads)
@@ -300,6 +305,7 @@ def _train(
     snapshots,
     task="shapes",
     ema=0.0,
+    init=None,
 ) -> dict:
     """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
     t_start = time.time()
@@ -317,6 +323,11 @@ def _train(
         position_channels=position_channels,
     )
     policy = FlowPolicy.load(out)
+    if init is not None:
+        start = FlowPolicy.load(init)
+        policy.transformer.load_state_dict(start.transformer.state_dict())
+        policy.text_encoder.load_state_dict(start.text_encoder.state_dict())
+        logger.info(f"weights from {init}")
     policy.transformer.to(device)
     policy.text_encoder.to(device)
     train_text = text_lr_scale > 0
@@ -401,6 +412,7 @@ def _train(
         "batch_size": batch_size,
         "lr": lr,
         "ema": ema,
+        "init": None if init is None else str(init),
         "params": n_params,
         "text_params": n_text,
         "loss": float(np.mean(recent)),
@@ -492,6 +504,9 @@ def main(argv: list[str] | None = None) -> None:
         help="decay of the weight average that is saved (e.g. 0.999; 0: no average)",
     )
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument(
+        "--init", default=None, help="start from this pipeline's weights (same architecture)"
+    )
     ap.add_argument("--eval-samples", type=int, default=64)
     ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
     ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
@@ -535,6 +550,7 @@ def main(argv: list[str] | None = None) -> None:
         task=a.task,
         ema=a.ema,
         warmup=a.warmup,
+        init=a.init,
     )
     print(json.dumps(m, indent=2))
 
