@@ -9,6 +9,7 @@ import copy
 import json
 import math
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -18,12 +19,16 @@ from safetensors.torch import load_file
 from test_cli import ROOT, TINY, mmyatt
 from test_controller import make_controller, write_manifest
 from test_resume import stop_and_resume, train_rows
+from test_vlm_policy import CORPUS, square
 
 from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.config.trainer import async_settings
 from mmyatt.distributed import Dist, Lockstep
 from mmyatt.engines.replica import ReplicaEngine
+from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
+from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import Sampling
+from mmyatt.step.async_rollouts import load_weights, rollout_copy, sampling_weights
 from mmyatt.step.batches import MicroBatches
 from mmyatt.step.policy_loss import PPOClipLoss
 
@@ -209,3 +214,22 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, mode):
     wa, wb = final_weights(full), final_weights(parts)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert max(r["async/staleness_max"] for r in a.values()) >= 1  # it did run ahead
+
+
+# ---------------------------------------------------------------- the rollout-side copy
+def test_vlm_rollout_copy_samples_alike_and_keeps_its_own_weights(tmp_path):
+    policy = VLMPolicy.load(build_tiny_vlm(tmp_path, corpus=CORPUS), max_prompt_tokens=48)
+    twin = rollout_copy(policy, nullcontext)
+    prompts = [{"prompt": "What colour is the shape?", "image": square("red"), "id": "a"}]
+    a = policy.generate(prompts, 2, Sampling(max_new_tokens=4), [3])
+    b = twin.generate(prompts, 2, Sampling(max_new_tokens=4), [3])
+    assert torch.equal(a.actions, b.actions) and torch.equal(a.logprobs, b.logprobs)
+    snapshot = sampling_weights(policy, nullcontext)
+    with torch.no_grad():
+        for p in policy.module().parameters():
+            p.add_(1.0)
+    assert all(torch.equal(snapshot[k], v) for k, v in twin.module().state_dict().items())
+    load_weights(twin, {k: v for k, v in policy.module().state_dict().items()})
+    assert all(
+        torch.equal(x, y) for x, y in zip(policy.module().parameters(), twin.module().parameters())
+    )

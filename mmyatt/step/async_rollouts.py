@@ -44,6 +44,7 @@ import torch
 
 from mmyatt.config.trainer import async_settings
 from mmyatt.outputs.metrics import PhaseTimer
+from mmyatt.protocols import adapter_of
 from mmyatt.rollout import Rollout
 
 logger = logging.getLogger("mmyatt.async")
@@ -269,17 +270,31 @@ def drop_stale(r: Rollout, version: int, max_staleness: int) -> tuple[Rollout | 
 
 def rollout_copy(policy, sampling):
     """The rollout side's policy: a deep copy of the trainer's, made inside ``sampling``
-    (DiffusionNFT's context: the copy samples as its old policy does)."""
+    (DiffusionNFT's context: the copy samples as its old policy does). An attribute
+    that cannot be copied (a VLM adapter's ``inspect`` signature parameters, a
+    ``mappingproxy``) is read-only; the copy shares it."""
     with sampling():
-        return copy.deepcopy(policy)
+        memo: dict = {}
+        for value in vars(policy).values():
+            try:
+                copy.deepcopy(value, memo)
+            except TypeError:
+                memo[id(value)] = value
+        return copy.deepcopy(policy, memo)
 
 
 def sampling_weights(policy, sampling) -> dict:
-    """The weights the policy samples with now (inside ``sampling``), cloned."""
+    """The weights the policy samples with now (inside ``sampling``), cloned; a LoRA
+    policy's adapter only (the copy has the base, which never moves)."""
+    lora = getattr(adapter_of(policy), "lora", None) is not None
     with sampling(), torch.no_grad():
-        return {k: v.detach().clone() for k, v in policy.module().state_dict().items()}
+        state = policy.module().state_dict().items()
+        return {k: v.detach().clone() for k, v in state if not lora or ".lora_" in k}
 
 
 def load_weights(policy, state: dict) -> None:
+    lora = getattr(adapter_of(policy), "lora", None) is not None
     with torch.no_grad():
-        policy.module().load_state_dict(state)
+        missing, unexpected = policy.module().load_state_dict(state, strict=not lora)
+    if unexpected or any(".lora_" in k for k in missing):  # the adapter must fit, whole
+        raise ValueError(f"adapter state does not fit: missing {missing[:3]}, {unexpected[:3]}")
