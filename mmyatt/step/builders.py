@@ -1,33 +1,23 @@
-"""Config -> plain objects: the policy, reward, data shard and the step's parts
-(placement, loss, trainer, sampling, evaluation) each get their settings as plain
-arguments; none of them reads the run config. Adapters and rewards never see config
-dataclasses. The adapters are imported only when a config asks for one (importing the
-engine pulls in no adapter)."""
+"""Config -> plain objects: the reward and the step's parts (placement, loss, trainer,
+sampling, evaluation) each get their settings as plain arguments; none of them reads the
+run config. The policy adapter is built in :mod:`mmyatt.step.adapters`, the data in
+:mod:`mmyatt.step.data`; this module is the run's one door to all three (``mmyatt.step.run``
+and ``mmyatt.step.sft`` build through it). Adapters and rewards never see config
+dataclasses."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import time
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from mmyatt.algorithms.advantages import Advantages
-from mmyatt.config.schema import ModelConfig, RewardConfig, RunConfig
-from mmyatt.datasets import shapes, vision_tasks
-from mmyatt.datasets.describe import write_describe_task
-from mmyatt.datasets.geneval import write_geneval_task
-from mmyatt.datasets.manifest import ShardedManifest
-from mmyatt.datasets.media import media_transform as decode_media
-from mmyatt.datasets.synthetic import write_arithmetic_task
+from mmyatt.config.schema import RewardConfig, RunConfig
 from mmyatt.distributed import Dist, Lockstep
 from mmyatt.engines import build_engines
 from mmyatt.outputs.metrics import MetricsLogger
 from mmyatt.outputs.trackers import make_logger
 from mmyatt.placement.auto import AutoPlacer
-from mmyatt.placement.balancer import balance_settings
 from mmyatt.placement.config import candidate_plans, partial_split, plan_for, run_cores, work_key
 from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.placement.exchange import Exchange
@@ -46,77 +36,36 @@ from mmyatt.protocols import (
     require,
 )
 from mmyatt.rewards.mixture import RewardMixture
-from mmyatt.step.async_rollouts import async_run
+from mmyatt.step.adapters import (
+    build_nft,
+    build_policy,
+    build_tiny,
+    resolve_builtin,
+    streams_finished,
+)
 from mmyatt.step.batches import MicroBatches, Minibatches
 from mmyatt.step.controller import Controller
+from mmyatt.step.data import build_shard, eval_records, manifest_paths, synthetic_task
 from mmyatt.step.evaluation import Evaluator
-from mmyatt.step.freeze import freeze_parameters
 from mmyatt.step.policy_loss import NFTLoss, PolicyLoss, PPOClipLoss
 from mmyatt.step.sampling import DynamicSampling, SamplingSchedule
 from mmyatt.step.scoring import OverlongPenalty, Scorer
 from mmyatt.step.trainer import Trainer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_policy(m: ModelConfig, device: str | None = None):
-    """The policy adapter for ``m``, its weights on ``device`` (default: the CPU), with
-    the parameters named by ``model.freeze`` frozen."""
-    policy = _load_policy(m, device)
-    if m.freeze:
-        freeze_parameters(policy.module(), m.freeze)
-    return policy
-
-
-def _load_policy(m: ModelConfig, device: str | None = None):
-    device = str(device or "cpu")
-    if m.path is None:
-        raise ValueError("model.path is unset: prepare_run() builds the tiny model first")
-    if m.kind == "text":
-        from mmyatt.models.text import TextPolicy
-
-        return TextPolicy.load(
-            m.path,
-            dtype=DTYPES[m.dtype],
-            max_prompt_tokens=m.max_prompt_tokens,
-            prompt_overflow=m.prompt_overflow,
-            use_chat_template=m.use_chat_template,
-            device=device,
-        )
-    if m.kind == "vlm":
-        from mmyatt.models.vlm import VLMPolicy
-
-        return VLMPolicy.load(
-            m.path,
-            dtype=DTYPES[m.dtype],
-            max_prompt_tokens=m.max_prompt_tokens,
-            video_fps=m.video_fps,
-            video_max_frames=m.video_max_frames,
-            device=device,
-        )
-    if m.kind == "flow":
-        from mmyatt.models.flow import FlowPolicy
-
-        kw: dict = {"reference": m.reference}
-        if m.lora.rank > 0:
-            lora = {"r": m.lora.rank, "alpha": m.lora.alpha}
-            if m.lora.target_modules:
-                lora["target_modules"] = list(m.lora.target_modules)
-            kw["lora"] = lora
-        return FlowPolicy.load(m.path, **kw).to(device)
-    raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
-
-
-def build_nft(cfg: RunConfig, policy):
-    """DiffusionNFT's sampling policy and loss (models/flow_nft.py) over ``policy`` when
-    ``algorithm.name`` is diffusion_nft, else None."""
-    if cfg.algorithm.name != "diffusion_nft":
-        return None
-    from mmyatt.models.flow_nft import FlowNFT, NFTSettings
-
-    n = cfg.algorithm.nft
-    settings = NFTSettings(**{k: getattr(n, k) for k in NFTSettings.__dataclass_fields__})
-    return FlowNFT(policy, settings, seed=cfg.trainer.seed)
+# what the run and the warm start build through this module
+__all__ = [
+    "build_controller",
+    "build_loss",
+    "build_placement",
+    "build_policy",
+    "build_reward",
+    "build_shard",
+    "build_tiny",
+    "eval_records",
+    "manifest_paths",
+    "resolve_builtin",
+    "synthetic_task",
+]
 
 
 def build_controller(
@@ -139,11 +88,10 @@ def build_controller(
     # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
     engine, wrapped = build_engines(cfg, dist, policy)
     lockstep = Lockstep(dist, engine, wrapped)
+    micro_batches = MicroBatches(a.micro_batch_tokens, lockstep)
     exchange = None  # placement.balance with more than one controller
     if cfg.placement.balance and dist.world_size > 1:
-        exchange = Exchange(dist, cfg.model.kind, balance_settings(cfg))
-    planner = exchange.balancer if exchange is not None else None  # length buckets, timed
-    micro_batches = MicroBatches(a.micro_batch_tokens, lockstep, planner)
+        exchange = Exchange(dist, cfg.model.kind)
     encode = wrapped.encode_media if cfg.model.kind == "vlm" else None
     minibatches = Minibatches(a.minibatches, exchange, encode)
     trainer = Trainer(
@@ -237,7 +185,6 @@ def build_controller(
         minibatches=minibatches,
         micro_batches=micro_batches,
         loss=build_loss(cfg, nft, lockstep, closed_form_kl),
-        async_settings=async_run(cfg),
         trainer=trainer,
         evaluator=Evaluator(
             wrapped,
@@ -275,17 +222,7 @@ def build_loss(cfg: RunConfig, nft, lockstep: Lockstep, closed_form_kl: bool) ->
         closed_form_kl=closed_form_kl,
         recompute_old_logprobs=a.recompute_old_logprobs,
         overlong_filter=a.overlong == "filter",
-        behaviour_cap=cfg.rollout.is_cap,  # trainer.async's behaviour ratio
     )
-
-
-def streams_finished(policy) -> bool:
-    """The adapter reports each finished sample during ``generate`` (text and VLM
-    adapters), so placement partial can stream it to the judge."""
-    from mmyatt.models.text import TextPolicy
-    from mmyatt.models.vlm import VLMPolicy
-
-    return isinstance(policy, TextPolicy | VLMPolicy)
 
 
 def build_placement(
@@ -383,40 +320,6 @@ def build_placement(
     )
 
 
-def build_tiny(cfg: RunConfig, out: Path, log=print) -> Path:
-    """The tiny built-in text or VLM model of a run without ``model.path``, its tokenizer
-    trained on the run's training prompts, written to ``out`` (kept if already there)."""
-    if (out / "config.json").exists():
-        return out
-    if cfg.model.kind == "flow":
-        raise ValueError("model.path is required for flow models (e.g. builtin:tiny_t2i)")
-    manifest = ShardedManifest(
-        manifest_paths(cfg.data.train), shuffle=False, bad_lines=cfg.data.bad_lines
-    )
-    recs = manifest.eval_records(5000)
-    t0 = time.perf_counter()
-    if cfg.model.kind == "vlm":
-        from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
-
-        corpus = [f"{r['prompt']} {r.get('answer', '')}" for r in recs]
-        path = build_tiny_vlm(
-            out,
-            arch=cfg.model.vlm_arch,
-            size=cfg.model.tiny_size,
-            corpus=corpus,
-            seed=cfg.trainer.seed,
-        )
-    else:
-        from mmyatt.models.builtin.tiny import build_tiny_text_model
-
-        corpus = [f"{r['prompt']}{r.get('answer', '')}" for r in recs]
-        path = build_tiny_text_model(
-            out, size=cfg.model.tiny_size, corpus=corpus, seed=cfg.trainer.seed
-        )
-    log(f"[prepare] tiny model {cfg.model.tiny_size} at {path} ({time.perf_counter() - t0:.1f}s)")
-    return Path(path)
-
-
 def build_reward(r: RewardConfig):
     key = os.environ.get(r.judge.api_key_env) if r.judge.api_key_env else None
     specs = [
@@ -425,163 +328,3 @@ def build_reward(r: RewardConfig):
     ]
     client = {"max_retries": r.judge.max_retries, "timeout_s": r.judge.timeout_s}
     return RewardMixture.from_specs(specs, judge_urls=r.judge.urls, api_key=key, client=client)
-
-
-def resolve_builtin(path: str | None) -> str | None:
-    """``builtin:<name>`` names a checkpoint shipped in models/builtin/."""
-    if path is None or not path.startswith("builtin:"):
-        return path
-    # where the adapters' package lies, found without importing it
-    models = Path(importlib.util.find_spec("mmyatt.models").origin).resolve().parent
-    p = models / "builtin" / path.split(":", 1)[1]
-    if not p.is_dir():
-        raise FileNotFoundError(f"{path}: no built-in checkpoint at {p}")
-    return str(p)
-
-
-def manifest_paths(spec: str) -> list[str]:
-    """``data.train`` / ``data.eval``: one manifest, or several joined by commas. A spec
-    that names an existing file is that one file, commas and all (a run directory may
-    hold a comma, and a synthetic task's files are written under it)."""
-    if not spec.startswith("synthetic:") and Path(spec).is_file():
-        return [spec]
-    paths = [p.strip() for p in spec.split(",") if p.strip()]
-    for p in paths:
-        if p.startswith("synthetic:"):
-            raise ValueError(f"{spec!r} must be resolved to files by prepare_run() first")
-    return paths
-
-
-def media_transform(cfg: RunConfig):
-    """VLM records decode their images/videos as the shard reads them, so a missing or
-    corrupt file is a bad record of the manifest (error naming file and line, or skipped
-    and counted in ``data/skipped`` under ``data.bad_lines=skip``) instead of an error
-    in the middle of a rollout."""
-    if cfg.model.kind != "vlm":
-        return None
-    return partial(decode_media, fps=cfg.model.video_fps, max_frames=cfg.model.video_max_frames)
-
-
-def build_shard(cfg: RunConfig, rank: int, world_size: int):
-    return ShardedManifest(
-        manifest_paths(cfg.data.train),
-        rank=rank,
-        world_size=world_size,
-        seed=cfg.trainer.seed,
-        shuffle=cfg.data.shuffle,
-        bad_lines=cfg.data.bad_lines,
-        transform=media_transform(cfg),
-    )
-
-
-def eval_records(cfg: RunConfig, rank: int, world_size: int) -> list[dict]:
-    m = ShardedManifest(
-        manifest_paths(cfg.data.eval),
-        rank=rank,
-        world_size=world_size,
-        seed=cfg.trainer.seed,
-        shuffle=False,
-        bad_lines=cfg.data.bad_lines,
-        transform=media_transform(cfg),
-    )
-    limit = -(-cfg.data.eval_prompts // world_size)  # ceil: every rank scores its share
-    return m.eval_records(limit)
-
-
-def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path, Path | None]:
-    """Write a synthetic task's files: (train, the eval split reported, the validation
-    split that choices during the run are made on, e.g. the SFT stopping check)."""
-    train, ev = _synthetic_task(spec, out_dir, cfg)
-    val = out_dir / "val.jsonl"
-    return train, ev, val if val.exists() else None
-
-
-# the keyword arguments each synthetic task's writer takes from data.synthetic_kwargs
-WRITER_KEYS: dict[str, tuple[str, ...]] = {
-    "describe": ("extra_colours", "val_fold", "shape_first", "extra_shapes")
-}
-
-
-def _writer_kwargs(cfg: RunConfig, task: str) -> dict:
-    """``data.synthetic_kwargs``, checked against the keys the task's writer takes."""
-    known = WRITER_KEYS.get(task, ())
-    kw = dict(cfg.data.synthetic_kwargs)
-    unknown = sorted(set(kw) - set(known))
-    if unknown:
-        raise ValueError(
-            f"data.synthetic_kwargs: synthetic:{task} takes {list(known) or 'no keys'}, "
-            f"not {unknown}"
-        )
-    return kw
-
-
-def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path]:
-    task = spec.split(":", 1)[1]
-    writer_kwargs = _writer_kwargs(cfg, task)
-    if cfg.data.eval_split == "val" and task not in (
-        "shapes_t2i",
-        "motion_t2v",
-        "geneval_t2i",
-        "describe",
-    ):
-        raise ValueError(
-            f"data.eval_split=val: synthetic:{task} has no validation split "
-            "(shapes_t2i, motion_t2v and geneval_t2i do); point data.eval at your own "
-            "validation file"
-        )
-    if task == "arithmetic":
-        return write_arithmetic_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            n_val=cfg.sft.eval_prompts,
-        )
-    if task == "shapes_vqa":
-        p = vision_tasks.write_shape_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            n_val=cfg.sft.eval_prompts,
-        )
-        return p["train"], p["eval"]
-    if task == "motion_vqa":
-        p = vision_tasks.write_motion_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            n_val=cfg.sft.eval_prompts,
-        )
-        return p["train"], p["eval"]
-    if task == "describe":
-        p = write_describe_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            **writer_kwargs,
-        )
-        return p["train"], p[cfg.data.eval_split]
-    if task in ("shapes_t2i", "motion_t2v"):
-        p = shapes.write_shape_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            video=task == "motion_t2v",
-        )
-        return p["train"], p[cfg.data.eval_split]
-    if task == "geneval_t2i":
-        p = write_geneval_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-        )
-        return p["train"], p[cfg.data.eval_split]
-    raise ValueError(
-        f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
-        "describe, shapes_t2i, motion_t2v, geneval_t2i"
-    )

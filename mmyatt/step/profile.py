@@ -30,6 +30,8 @@ import torch
 
 from mmyatt.algorithms import advantages, kl, losses
 from mmyatt.engines import adapter_of
+from mmyatt.models import decode, flow
+from mmyatt.models.text import TextPolicy
 
 MODEL_KINDS = ("forward", "backward", "optimizer", "sampling")
 # reported in this order; "other" is the step time outside every timed call
@@ -129,8 +131,6 @@ def instrument_common(prof: StepProfile, optimizer=None, reward=None) -> None:
 
 def instrument_text_policy(prof: StepProfile, policy) -> None:
     """Model forwards (sampling and scoring), the sampling kernels and detokenization."""
-    from mmyatt.models import decode
-
     prof.patch(policy.model, "forward", "forward")
     prof.patch(decode.StaticKVDecoder, "step", "forward")  # decode steps past model.forward
     for name in decode.SAMPLING_KERNELS:
@@ -141,8 +141,6 @@ def instrument_text_policy(prof: StepProfile, policy) -> None:
 def instrument_flow_policy(prof: StepProfile, policy) -> None:
     """Transformer, text encoder and VAE calls (forward), the SDE/ODE step math and its
     noise (sampling), and the conversion of samples to PIL images (outputs)."""
-    from mmyatt.models import flow
-
     prof.patch(policy.transformer, "forward", "forward")
     if policy.text_encoder is not None:
         prof.patch(policy.text_encoder, "forward", "forward")
@@ -158,8 +156,6 @@ def profile_controller(ctl, out: str | Path) -> StepProfile:
     (JSON: per-step seconds by kind and the summary)."""
     prof = StepProfile()
     instrument_common(prof, ctl.optimizer)
-    from mmyatt.models.text import TextPolicy
-
     policy = adapter_of(ctl.policy)  # under a sharding or a vLLM rollout engine
     if isinstance(policy, TextPolicy):
         instrument_text_policy(prof, policy)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from mmyatt.config.schema import ConfigError, RewardSpec, RunConfig
+from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.protocols import Sampling
 from mmyatt.step import builders
 
@@ -33,8 +34,6 @@ def greedy_accuracy(policy, reward, records: list[dict], max_new_tokens: int) ->
 
 def run_sft(cfg: RunConfig, out_dir: Path, log=print) -> dict:
     """Train cfg.model.path on the train manifest; write an HF checkpoint to out_dir."""
-    from mmyatt.datasets.manifest import ShardedManifest
-
     s = cfg.sft
     judged = any(f.name == "genrm" for f in cfg.reward.functions)
     if s.check is None and judged and not cfg.reward.judge.urls:
