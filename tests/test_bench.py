@@ -202,7 +202,7 @@ def test_resume_is_read_from_the_rerun_log():
 def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
     (tmp_path / "faultreward_t.py").write_text(fault_runs.REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    env, _ = fault_runs._arm(tmp_path / "marks_run", hold_s=0)
+    env, _ = fault_runs.arm(tmp_path / "marks_run", hold_s=0)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("RANK", "1")
@@ -214,9 +214,9 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
     try:
         for _ in range(24):  # the step-0 eval, steps 1 and 2
             assert mod.reward("abc", {}) == 0.3
-        assert fault_runs._markers(marks) == []
+        assert fault_runs.read_markers(marks) == []
         mod.reward("abc", {})  # call 25: step 3
-        (m,) = fault_runs._markers(marks)
+        (m,) = fault_runs.read_markers(marks)
         assert m["rank"] == 1 and m["call"] == 25
         for _ in range(7):  # the rest of step 3: no checkpoint delay yet
             mod.reward("abc", {})
@@ -227,7 +227,7 @@ def test_fault_reward_marks_step_3_only_while_armed(tmp_path, monkeypatch):
         mod = importlib.reload(mod)
         for _ in range(32):
             mod.reward("abc", {})
-        assert len(fault_runs._markers(marks)) == 1  # disarmed: no new marker
+        assert len(fault_runs.read_markers(marks)) == 1  # disarmed: no new marker
     finally:
         sys.modules.pop("faultreward_t", None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.placement.bench_figures import MODES, _combine, _derive, paired_ratio, t95
+from mmyatt.placement.bench_figures import MODES, combine_rounds, derive_ratios, paired_ratio, t95
 
 
 def _arm(short: float, long: float, modes=("x",), labels=("short", "long")) -> dict:
@@ -39,11 +39,11 @@ def test_drifting_segments_are_averaged_over_rounds_and_the_best_change_is_found
         "partial": [_arm(1.0, 1.7), _arm(1.2, 1.9)],  # short 1.1, long 1.8
         "auto": [_arm(0.6, 1.8), _arm(0.6, 1.8)],
     }
-    out = {"drifting": _combine(per_round, "drifting")}
+    out = {"drifting": combine_rounds(per_round, "drifting")}
     assert out["drifting"]["shared"]["segment_short"]["step_s"] == pytest.approx(0.6)
     assert out["drifting"]["partial"]["segment_long"]["step_s_per_round"] == [1.7, 1.9]
     assert out["drifting"]["shared"]["total_s"] == pytest.approx(13.5)  # 5 x (0.6 + 2.1)
-    _derive(out)
+    derive_ratios(out)
     assert out["best_fixed_drifting"] == "shared"  # 13.5 against 14.5 (partial), 14.75
     assert out["auto_over_best_fixed_drifting"] == pytest.approx(12.0 / 13.5)
     assert out["drifting_best_fixed_per_segment"] == {"short": "shared", "long": "partial"}
@@ -53,8 +53,8 @@ def test_drifting_segments_are_averaged_over_rounds_and_the_best_change_is_found
 def test_a_drift_whose_best_fixed_mode_stays_is_reported_as_such():
     per_round = {m: [_arm(0.5, 1.0)] for m in MODES}
     per_round["partial"] = [_arm(1.0, 1.1)]
-    out = {"drifting": _combine(per_round, "drifting")}
-    _derive(out)
+    out = {"drifting": combine_rounds(per_round, "drifting")}
+    derive_ratios(out)
     assert out["drifting_best_fixed_per_segment"] == {"short": "shared", "long": "shared"}
     assert out["drifting_best_fixed_changes"] is False
 
@@ -72,8 +72,8 @@ def test_auto_choice_is_the_mode_it_ran_most_not_its_last_step():
             _step_arm(0.9, ["shared"] * 2 + ["partial"] * 2 + ["colocate"] * 2),
         ],
     }
-    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
-    _derive(out)
+    out = {"judge_heavy": combine_rounds(per_round, "judge_heavy")}
+    derive_ratios(out)
     assert out["auto_last_mode_judge_heavy"] == "colocate"
     assert out["auto_choice_judge_heavy"] == "partial"
     assert out["auto_steps_per_mode_judge_heavy"] == {"shared": 4, "partial": 6, "colocate": 2}
@@ -106,8 +106,8 @@ def test_acceptance_ratios_carry_their_round_by_round_spread():
         "partial": [_step_arm(0.9), _step_arm(1.8)],
         "auto": [_step_arm(0.95), _step_arm(2.1)],
     }
-    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
-    _derive(out)
+    out = {"judge_heavy": combine_rounds(per_round, "judge_heavy")}
+    derive_ratios(out)
     # best fixed by the means: shared (1.0) against colocate (1.5) and partial (1.35)
     assert out["auto_over_best_judge_heavy_rounds"]["per_round"] == pytest.approx([0.95, 2.1])
     pc = out["partial_over_colocate_judge_heavy_rounds"]
@@ -115,8 +115,8 @@ def test_acceptance_ratios_carry_their_round_by_round_spread():
     assert pc["ci95"] == pytest.approx([0.9, 0.9])
     drift = {m: [_arm(0.5, 1.0), _arm(0.6, 1.2)] for m in MODES}
     drift["auto"] = [_arm(0.45, 0.9), _arm(0.6, 1.2)]
-    out = {"drifting": _combine(drift, "drifting")}
-    _derive(out)
+    out = {"drifting": combine_rounds(drift, "drifting")}
+    derive_ratios(out)
     assert out["auto_over_best_fixed_drifting_rounds"]["per_round"] == pytest.approx([0.9, 1.0])
 
 
@@ -139,14 +139,14 @@ def test_every_figure_of_an_arm_is_averaged_over_rounds_not_the_last_rounds():
         "partial": [arm(1.0, 0.5, 120.0), arm(1.4, 0.5, 120.0)],
         "auto": [arm(1.0, 0.5, 100.0)] * 2,
     }
-    out = {"judge_heavy": _combine(per_round, "judge_heavy")}
+    out = {"judge_heavy": combine_rounds(per_round, "judge_heavy")}
     c = out["judge_heavy"]["colocate"]
     assert c["rollout_s"] == pytest.approx(0.8)
     assert c["rollout_s_per_round"] == [0.6, 1.0]
     assert c["cpu_util"] == pytest.approx(0.75)
     assert c["peak_rss_mb"] == pytest.approx(100.0)
     assert c["peak_rss_mb_by_phase"] == {"generate": 90.0, "judge": 100.0, "train": None}
-    _derive(out)
+    derive_ratios(out)
     assert out["partial_over_colocate_rollout_judge_heavy"] == pytest.approx(0.5 / 0.8)
     assert out["peak_rss_mb_judge_heavy"]["partial"] == pytest.approx(120.0)
 
@@ -207,8 +207,8 @@ def test_the_judge_comparable_workload_gets_its_own_ratios_and_cost_balance():
         "partial": [arm(0.8, 0.4, 0.5), arm(1.08, 0.4, 0.5)],
         "auto": [arm(0.9, 0.3, 0.45)] * 2,
     }
-    out = {"judge_comparable": _combine(per_round, "judge_comparable")}
-    _derive(out)
+    out = {"judge_comparable": combine_rounds(per_round, "judge_comparable")}
+    derive_ratios(out)
     assert out["partial_over_colocate_judge_comparable"] == pytest.approx(0.94 / 1.1)
     assert out["partial_over_colocate_judge_comparable_rounds"]["per_round"] == pytest.approx(
         [0.8, 0.9]
@@ -230,8 +230,8 @@ def test_the_judge_drift_is_derived_under_its_own_keys():
         "partial": [arm(0.50, 0.67)] * 2,
         "auto": [arm(0.33, 0.72), arm(0.34, 0.70)],
     }
-    out = {"drifting_judge": _combine(per_round, "drifting_judge")}
-    _derive(out)
+    out = {"drifting_judge": combine_rounds(per_round, "drifting_judge")}
+    derive_ratios(out)
     assert out["best_fixed_drifting_judge"] == "colocate"  # 5.6 s against 5.85 and 5.9
     assert out["auto_over_best_fixed_drifting_judge"] == pytest.approx(5.225 / 5.6)
     assert out["auto_over_best_fixed_drifting_judge_rounds"]["per_round"] == pytest.approx(
@@ -256,7 +256,7 @@ def test_set_overrides_reach_every_run_and_the_json_names_them(monkeypatch, tmp_
 
     monkeypatch.setattr(bench, "run_arm", fake_arm)
     monkeypatch.setattr(bench, "_models", lambda tmp: (tmp / "p", tmp / "j"))
-    monkeypatch.setattr(bench, "_derive", lambda out: None)
+    monkeypatch.setattr(bench, "derive_ratios", lambda out: None)
     sets = ("distributed.nproc=1", "distributed.device=cuda")
     out = bench.bench_placement(workloads=("rollout_heavy",), rounds=1, steps=3, overrides=sets)
     assert len(seen) == 4  # the four modes

@@ -121,7 +121,7 @@ MEDIA_JOB = [
 ]
 
 
-def _start(
+def start_run(
     tmp: Path,
     run: Path,
     env_extra: dict | None = None,
@@ -136,7 +136,7 @@ def _start(
     )
 
 
-def _wait_for(pred, proc: subprocess.Popen, timeout: float = 300) -> bool:
+def wait_for(pred, proc: subprocess.Popen, timeout: float = 300) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
@@ -147,7 +147,7 @@ def _wait_for(pred, proc: subprocess.Popen, timeout: float = 300) -> bool:
     return False
 
 
-def _logged(run: Path, step: int):
+def step_logged(run: Path, step: int):
     def pred() -> bool:
         p = run / "metrics.jsonl"
         if not p.exists():
@@ -161,7 +161,7 @@ def _logged(run: Path, step: int):
     return pred
 
 
-def _trace(run: Path) -> dict[int, set[int]]:
+def drawn_records(run: Path) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     for f in sorted((run / "rollouts").glob("records_rank*.jsonl")):
         for line in f.read_text().splitlines():
@@ -170,15 +170,15 @@ def _trace(run: Path) -> dict[int, set[int]]:
     return out
 
 
-def _records_lost(ref: Path, run: Path) -> int:
-    a, b = _trace(ref), _trace(run)
+def records_lost(ref: Path, run: Path) -> int:
+    a, b = drawn_records(ref), drawn_records(run)
     lost = 0
     for step in set(a) | set(b):
         lost += len(a.get(step, set()) ^ b.get(step, set()))
     return lost
 
 
-def _exact(ref: Path, run: Path) -> bool:
+def weights_equal(ref: Path, run: Path) -> bool:
     from safetensors.torch import load_file
 
     wa = load_file(str(ref / "checkpoints" / "final" / "model.safetensors"))
@@ -186,28 +186,28 @@ def _exact(ref: Path, run: Path) -> bool:
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def _wait(proc: subprocess.Popen, timeout: float = 420) -> int:
+def wait_exit(proc: subprocess.Popen, timeout: float = 420) -> int:
     """The exit code; a run still going after ``timeout`` is killed (code -9: a hang)."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc, signal.SIGKILL)
+        kill_tree(proc, signal.SIGKILL)
         proc.wait()
         return -9
 
 
-def _finish(tmp: Path, run: Path, env: dict | None = None, **kw) -> int:
-    return _wait(_start(tmp, run, env, **kw))
+def finish_run(tmp: Path, run: Path, env: dict | None = None, **kw) -> int:
+    return wait_exit(start_run(tmp, run, env, **kw))
 
 
-def _kill_tree(proc: subprocess.Popen, sig: int) -> None:
+def kill_tree(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
 
 
-def _last_metrics(run: Path) -> dict:
+def last_metrics(run: Path) -> dict:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return rows[-1] if rows else {}
 
@@ -227,12 +227,12 @@ def _logged_steps(run: Path) -> list[int]:
     return sorted({r["step"] for r in rows if "reward/mean" in r})
 
 
-def _complete_checkpoints(run: Path) -> list[int]:
+def complete_checkpoints(run: Path) -> list[int]:
     state = run / "checkpoints" / "state"
     return sorted(int(p.parent.name[5:]) for p in state.glob("step_*/COMPLETE"))
 
 
-def _arm(run: Path, hold_s: float) -> tuple[dict, Path]:
+def arm(run: Path, hold_s: float) -> tuple[dict, Path]:
     """Env that makes every controller, in its step-3 reward, write a marker file (rank,
     pid) and then hold the step for ``hold_s``; and the marker folder. The markers are
     written only while the folder's ARMED file exists."""
@@ -248,7 +248,7 @@ def _arm(run: Path, hold_s: float) -> tuple[dict, Path]:
     return env, marks
 
 
-def _markers(marks: Path) -> list[dict]:
+def read_markers(marks: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(marks.glob("rank*_pid*.json"))]
 
 
@@ -260,11 +260,11 @@ def fault_facts(run: Path, marks: Path | None = None) -> dict:
     state = run / "checkpoints" / "state"
     return {
         "last_logged_step": logged[-1] if logged else 0,
-        "complete_checkpoints": _complete_checkpoints(run),
+        "complete_checkpoints": complete_checkpoints(run),
         "partial_checkpoints": sorted(
             int(p.name[5:13]) for p in state.glob("step_*.tmp") if not (p / "COMPLETE").exists()
         ),
-        "markers": _markers(marks) if marks is not None else [],
+        "markers": read_markers(marks) if marks is not None else [],
     }
 
 
@@ -293,21 +293,21 @@ def resume_facts(log: str, expect_from: int | None) -> dict:
     }
 
 
-def _log_text(tmp: Path, run: Path, offset: int = 0) -> str:
+def log_text(tmp: Path, run: Path, offset: int = 0) -> str:
     p = tmp / f"{run.name}.log"
     return p.read_text(errors="replace")[offset:] if p.exists() else ""
 
 
-def _log_size(tmp: Path, run: Path) -> int:
-    return len(_log_text(tmp, run))
+def log_size(tmp: Path, run: Path) -> int:
+    return len(log_text(tmp, run))
 
 
-def _wait_marked(marks: Path, proc: subprocess.Popen, run: Path, ckpt: int, rank=None) -> bool:
+def wait_marked(marks: Path, proc: subprocess.Popen, run: Path, ckpt: int, rank=None) -> bool:
     """Until a controller (of ``rank``, if given) is inside step 3 and the checkpoint of
     ``ckpt`` is complete."""
 
     def pred() -> bool:
-        ms = [m for m in _markers(marks) if rank is None or m["rank"] == rank]
-        return bool(ms) and ckpt in _complete_checkpoints(run)
+        ms = [m for m in read_markers(marks) if rank is None or m["rank"] == rank]
+        return bool(ms) and ckpt in complete_checkpoints(run)
 
-    return _wait_for(pred, proc)
+    return wait_for(pred, proc)

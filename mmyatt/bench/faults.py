@@ -71,27 +71,27 @@ from mmyatt.bench.fault_runs import (
     STEP4_FIRST_CALL,
     STEPS,
     VLM_CONFIG,
-    _arm,
-    _complete_checkpoints,
-    _exact,
-    _finish,
-    _kill_tree,
-    _last_metrics,
-    _log_size,
-    _log_text,
-    _logged,
-    _markers,
-    _records_lost,
-    _start,
-    _trace,
-    _wait,
-    _wait_for,
-    _wait_marked,
+    arm,
+    complete_checkpoints,
+    drawn_records,
     fault_facts,
+    finish_run,
     judge_job,
+    kill_tree,
     landed_mid_save,
     landed_mid_step,
+    last_metrics,
+    log_size,
+    log_text,
+    read_markers,
+    records_lost,
     resume_facts,
+    start_run,
+    step_logged,
+    wait_exit,
+    wait_for,
+    wait_marked,
+    weights_equal,
 )
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.vision_tasks import write_shape_task
@@ -113,17 +113,17 @@ def scenario_kill_during_step(tmp: Path, ref: Path) -> dict:
     """SIGKILL every process while step 3 runs (a controller is inside its step-3 reward,
     step 2 is checkpointed); the rerun must resume from step 2 at step 3."""
     run = tmp / "kill_step"
-    env, marks = _arm(run, hold_s=30)
-    proc = _start(tmp, run, env)
-    injected = _wait_marked(marks, proc, run, 2)
-    _kill_tree(proc, signal.SIGKILL)
+    env, marks = arm(run, hold_s=30)
+    proc = start_run(tmp, run, env)
+    injected = wait_marked(marks, proc, run, 2)
+    kill_tree(proc, signal.SIGKILL)
     proc.wait()
     facts = fault_facts(run, marks)
     landed = injected and landed_mid_step(facts, 3)
-    offset = _log_size(tmp, run)
-    rc = _finish(tmp, run)
+    offset = log_size(tmp, run)
+    rc = finish_run(tmp, run)
     last = facts["complete_checkpoints"][-1] if facts["complete_checkpoints"] else None
-    resumed = resume_facts(_log_text(tmp, run, offset), last)
+    resumed = resume_facts(log_text(tmp, run, offset), last)
     return _resumed_report("kill_during_step", injected, landed, facts, rc, ref, run, resumed)
 
 
@@ -135,23 +135,22 @@ def scenario_kill_during_save(tmp: Path, ref: Path) -> dict:
     # rank 0 holds 30 s before writing the completion marker, from step 4's reward on:
     # the step-2 checkpoint completes as usual
     env = {"FAULT_SAVE_DELAY_FROM_CALL": str(STEP4_FIRST_CALL), "FAULT_SAVE_DELAY_S": "30"}
-    proc = _start(tmp, run, env)
+    proc = start_run(tmp, run, env)
     state = run / "checkpoints" / "state"
-    injected = _wait_for(
+    injected = wait_for(
         lambda: (
-            (state / "step_00000004.tmp" / "rank1.done").exists()
-            and 2 in _complete_checkpoints(run)
+            (state / "step_00000004.tmp" / "rank1.done").exists() and 2 in complete_checkpoints(run)
         ),
         proc,
     )
     time.sleep(0.5)
-    _kill_tree(proc, signal.SIGKILL)
+    kill_tree(proc, signal.SIGKILL)
     proc.wait()
     facts = fault_facts(run)
     landed = injected and landed_mid_save(facts, 4)
-    offset = _log_size(tmp, run)
-    rc = _finish(tmp, run)
-    resumed = resume_facts(_log_text(tmp, run, offset), 2)
+    offset = log_size(tmp, run)
+    rc = finish_run(tmp, run)
+    resumed = resume_facts(log_text(tmp, run, offset), 2)
     out = _resumed_report("kill_during_save", injected, landed, facts, rc, ref, run, resumed)
     out["partial_checkpoint_ignored"] = resumed["resumed_from_step"] == 2
     return out
@@ -161,17 +160,17 @@ def scenario_sigterm(tmp: Path, ref: Path) -> dict:
     """SIGTERM to every process while step 3 runs: the run finishes step 3, saves it and
     exits 0; the rerun must resume from step 3 at step 4."""
     run = tmp / "sigterm"
-    env, marks = _arm(run, hold_s=3)
-    proc = _start(tmp, run, env)
-    injected = _wait_marked(marks, proc, run, 2)
+    env, marks = arm(run, hold_s=3)
+    proc = start_run(tmp, run, env)
+    injected = wait_marked(marks, proc, run, 2)
     facts = fault_facts(run, marks)  # read as the signal goes out: step 3 not finished
-    _kill_tree(proc, signal.SIGTERM)
-    rc_term = _wait(proc, timeout=120)
+    kill_tree(proc, signal.SIGTERM)
+    rc_term = wait_exit(proc, timeout=120)
     landed = injected and landed_mid_step(facts, 3)
-    saved = _complete_checkpoints(run)
-    offset = _log_size(tmp, run)
-    rc = _finish(tmp, run)
-    resumed = resume_facts(_log_text(tmp, run, offset), 3)
+    saved = complete_checkpoints(run)
+    offset = log_size(tmp, run)
+    rc = finish_run(tmp, run)
+    resumed = resume_facts(log_text(tmp, run, offset), 3)
     out = _resumed_report("sigterm", injected, landed, facts, rc, ref, run, resumed)
     out["clean_exit_code"] = rc_term
     out["saved_on_sigterm"] = 3 in saved
@@ -183,10 +182,10 @@ def scenario_controller_dies(tmp: Path, ref: Path, rank: int = 1) -> dict:
     """SIGKILL one controller (``rank``) inside step 3 only: torchrun restarts the group,
     which must resume from the step-2 checkpoint by itself (distributed.max_restarts)."""
     run = tmp / f"rank{rank}_dies"
-    env, marks = _arm(run, hold_s=5)
-    proc = _start(tmp, run, env, job=[*JOB, "distributed.max_restarts=1"])
-    injected = _wait_marked(marks, proc, run, 2, rank=rank)
-    victims = [m["pid"] for m in _markers(marks) if m["rank"] == rank] if injected else []
+    env, marks = arm(run, hold_s=5)
+    proc = start_run(tmp, run, env, job=[*JOB, "distributed.max_restarts=1"])
+    injected = wait_marked(marks, proc, run, 2, rank=rank)
+    victims = [m["pid"] for m in read_markers(marks) if m["rank"] == rank] if injected else []
     for pid in victims:  # the controller that wrote the marker: rank `rank`, inside step 3
         try:
             os.kill(pid, signal.SIGKILL)
@@ -196,8 +195,8 @@ def scenario_controller_dies(tmp: Path, ref: Path, rank: int = 1) -> dict:
     (marks / "ARMED").unlink()  # the restarted group runs step 3 without holding
     injected = injected and bool(victims)
     landed = injected and landed_mid_step(facts, 3)
-    rc = _wait(proc)
-    resumed = resume_facts(_log_text(tmp, run), 2)
+    rc = wait_exit(proc)
+    resumed = resume_facts(log_text(tmp, run), 2)
     out = _resumed_report(
         f"controller_dies_rank{rank}", injected, landed, facts, rc, ref, run, resumed
     )
@@ -227,8 +226,8 @@ def _judge_url(run: Path) -> str:
 def _kill_judges_after(tmp: Path, run: Path, job: list[str], step: int):
     """Start the job, SIGKILL its judge servers once ``step`` is logged. Returns (the run's
     process, the judges killed, the judge URL; both empty if the step never came)."""
-    proc = _start(tmp, run, job=job)
-    injected = _wait_for(_logged(run, step), proc)
+    proc = start_run(tmp, run, job=job)
+    injected = wait_for(step_logged(run, step), proc)
     victims = _judges(proc) if injected else []
     url = _judge_url(run) if victims else ""
     for p in victims:
@@ -250,7 +249,7 @@ def scenario_judge_crash(tmp: Path, ref: Path, job: list[str]) -> dict:
             down_s = time.perf_counter() - t_kill
             break
         time.sleep(0.1)
-    rc = _wait(proc)
+    rc = wait_exit(proc)
     out = _report("judge_crash", bool(victims), rc, ref, run)
     log = (tmp / "judge_crash.log").read_text(errors="replace")
     out["judge_restarts"] = log.count("restarting it on the same port")
@@ -277,23 +276,23 @@ def scenario_judge_gone(tmp: Path, ref: Path, job: list[str]) -> dict:
     run = tmp / "judge_gone"
     gone = [*job[:-1], "reward.judge.max_retries=3", "reward.judge.max_restarts=0"]
     proc, victims, url, facts = _kill_judges_after(tmp, run, gone, 3)
-    rc_stop = _wait(proc)
-    log = _log_text(tmp, run)
-    steps = _complete_checkpoints(run)
+    rc_stop = wait_exit(proc)
+    log = log_text(tmp, run)
+    steps = complete_checkpoints(run)
     out_stop = {
         "stop_exit_code": rc_stop,
         "error_names_judge_url": bool(url) and "JudgeUnavailableError" in log and url in log,
         "checkpoint_before_stop": steps[-1] if steps else None,
     }
     offset = len(log)
-    rc = _finish(tmp, run, job=job)  # a judge again: resume
+    rc = finish_run(tmp, run, job=job)  # a judge again: resume
     out = _report("judge_gone", bool(victims), rc, ref, run)
     out.update(out_stop)
     out["landed"] = bool(
         victims and facts["run_alive_at_kill"] and facts["last_logged_step"] < STEPS
     )
     out["at_fault"] = facts
-    out.update(resume_facts(_log_text(tmp, run, offset), out_stop["checkpoint_before_stop"]))
+    out.update(resume_facts(log_text(tmp, run, offset), out_stop["checkpoint_before_stop"]))
     out["survived"] = bool(
         out["survived"]
         and out["landed"]
@@ -351,17 +350,17 @@ def scenario_corrupt_media(tmp: Path) -> dict:
     train, ev, bad = _media_task(tmp / "media")
     data = [f"data.train={train}", f"data.eval={ev}"]
     run = tmp / "corrupt_media"
-    rc = _finish(tmp, run, job=[*MEDIA_JOB, *data], config=VLM_CONFIG)
+    rc = finish_run(tmp, run, job=[*MEDIA_JOB, *data], config=VLM_CONFIG)
     done = rc == 0 and (run / "checkpoints" / "final").exists()
     expected, passed = _expected_reads(train, set(bad), steps=6, per_rank=2, world=2)
-    got = _trace(run) if done else {}
+    got = drawn_records(run) if done else {}
     lost = sum(len(expected[s] ^ got.get(s, set())) for s in expected) if done else None
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] if done else []
     counted = max((r.get("data/skipped", 0) for r in rows), default=0)
     # the same manifest under the fail policy: the error names manifest line and file
     fail_run = tmp / "corrupt_media_fail"
     job = [*MEDIA_JOB, *data, "data.bad_lines=fail"]
-    rc_fail = _finish(tmp, fail_run, job=job, config=VLM_CONFIG)
+    rc_fail = finish_run(tmp, fail_run, job=job, config=VLM_CONFIG)
     log = (tmp / "corrupt_media_fail.log").read_text(errors="replace")
     lines = [x for x in train.read_text().splitlines() if x.strip()]
     named = any(f"{train}:{i + 1}: " in log and json.loads(lines[i])["image"] in log for i in bad)
@@ -386,9 +385,9 @@ def scenario_nan_reward(tmp: Path, ref: Path) -> dict:
     run = tmp / "nan"
     # eval at step 0 scores 8 prompts per rank, then 8 samples per rank per step:
     # calls 25-32 are step 3 on each rank
-    rc = _finish(tmp, run, {"FAULT_NAN_CALLS": "25-32"})
+    rc = finish_run(tmp, run, {"FAULT_NAN_CALLS": "25-32"})
     out = _report("nan_reward", True, rc, ref, run, expect_exact=False)
-    skipped = _last_metrics(run).get("faults/nonfinite_reward_steps")
+    skipped = last_metrics(run).get("faults/nonfinite_reward_steps")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     skipped = max((r.get("faults/nonfinite_reward_steps", 0) for r in rows), default=0)
     out["nonfinite_steps_counted"] = skipped
@@ -398,8 +397,8 @@ def scenario_nan_reward(tmp: Path, ref: Path) -> dict:
 
 def _report(name, injected, rc, ref, run, expect_exact=True) -> dict:
     done = rc == 0 and (run / "checkpoints" / "final").exists()
-    lost = _records_lost(ref, run) if done else None
-    exact = _exact(ref, run) if done else False
+    lost = records_lost(ref, run) if done else None
+    exact = weights_equal(ref, run) if done else False
     survived = bool(injected and done and lost == 0 and (exact or not expect_exact))
     return {
         "fault": name,
@@ -417,7 +416,7 @@ def bench_faults(quick: bool = False) -> dict:
         tmp = Path(d)
         (tmp / "faultreward.py").write_text(REWARD)
         ref = tmp / "reference"
-        if _finish(tmp, ref) != 0:
+        if finish_run(tmp, ref) != 0:
             raise RuntimeError(f"reference run failed; see {ref}.log")
         scenarios = [scenario_kill_during_step, scenario_nan_reward]
         if not quick:
@@ -433,7 +432,7 @@ def bench_faults(quick: bool = False) -> dict:
         corpus = [f"Question: {a}+{b}=\nAnswer: {a + b}\n" for a in range(30) for b in range(10)]
         job = judge_job(build_tiny_text_model(tmp / "judge", size="qwen2-0.1m", corpus=corpus))
         ref_judge = tmp / "reference_judge"
-        if _finish(tmp, ref_judge, job=job) != 0:
+        if finish_run(tmp, ref_judge, job=job) != 0:
             raise RuntimeError(f"judge reference run failed; see {ref_judge}.log")
         scenarios = [partial(scenario_judge_crash, job=job)]
         if not quick:

@@ -65,10 +65,10 @@ from mmyatt.placement.bench_arms import (
 from mmyatt.placement.bench_figures import (
     DRIFTING,
     MODES,
-    _combine,
-    _derive,
-    _mean,
     balance_report,
+    combine_rounds,
+    derive_ratios,
+    mean_of_numbers,
     paired_ratio,
 )
 from mmyatt.placement.bench_memory import memory_arms
@@ -124,16 +124,6 @@ def _models(tmp: Path) -> tuple[Path, Path]:
     return policy, judge
 
 
-def probe_argv(argv: list[str], steps: int, rounds: int, out: str) -> tuple[int, int, str]:
-    """A probe script's command line under bench/, ``[STEPS [ROUNDS [OUT]]]``, with the
-    script's defaults for what is left out."""
-    return (
-        int(argv[0]) if argv else steps,
-        int(argv[1]) if len(argv) > 1 else rounds,
-        argv[2] if len(argv) > 2 else out,
-    )
-
-
 def _arm_rounds(
     tmp: Path, label: str, base: list[str], arms: dict[str, list[str]], rounds: int, figures: dict
 ) -> dict[str, list[dict]]:
@@ -149,7 +139,7 @@ def _arm_rounds(
             t0 = time.perf_counter()
             train_arm_run(rd, base + arms[a])
             rows = measured_rows(rd, first=2)
-            rec = {f: _mean([r.get(key) for r in rows]) for f, key in figures.items()}
+            rec = {f: mean_of_numbers([r.get(key) for r in rows]) for f, key in figures.items()}
             rec.update(steps_measured=len(rows), wall_s=time.perf_counter() - t0)
             runs[a].append(rec)
             logger.info(f"[bench] {label} round {k + 1} {a}: {rec}")
@@ -160,7 +150,7 @@ def _arm_means(runs: dict[str, list[dict]], per_round: str) -> dict[str, dict]:
     """Each arm's figures averaged over its rounds, with ``per_round``'s list kept."""
     out = {}
     for a, per in runs.items():
-        out[a] = {k: _mean([p[k] for p in per]) for k in per[0]}
+        out[a] = {k: mean_of_numbers([p[k] for p in per]) for k in per[0]}
         out[a][f"{per_round}_per_round"] = [p[per_round] for p in per]
     return out
 
@@ -320,13 +310,13 @@ def bench_placement(
                         fig = f"{arm['step_s']:.3f} s/step"
                     per_round[mode].append(arm)
                     logger.info(f"[bench] placement {wl} round {k + 1} {mode}: {fig}")
-                    out[wl] = _combine(per_round, wl)
+                    out[wl] = combine_rounds(per_round, wl)
                     out[wl]["rounds"] = k + 1
                     out[wl]["colocate_judge_threads"] = COLOCATE_JUDGE_THREADS
                     out[wl]["steps_per_run"] = 2 * seg if wl in DRIFTING else steps
                     out[wl]["wall_s"] = time.perf_counter() - t0
                     _save(out, progress)
-    _derive(out)
+    derive_ratios(out)
     out["balance"] = balance_report()
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return out

@@ -1,6 +1,6 @@
 """The placement bench's arithmetic on measured arms: each mode's figures averaged over
-rounds (``_combine``), and the acceptance ratios with their round-by-round spread
-(``_derive``, ``paired_ratio``). Runs nothing; ``mmyatt.placement.bench`` measures."""
+rounds (``combine_rounds``), and the acceptance ratios with their round-by-round spread
+(``derive_ratios``, ``paired_ratio``). Runs nothing; ``mmyatt.placement.bench`` measures."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ MODES = ("shared", "colocate", "partial", "auto")
 JUDGED = ("judge_heavy", "judge_comparable")  # the workloads with a GenRM judge
 DRIFTING = ("drifting", "drifting_judge")  # two segments each, the second resumed
 
-# an arm's scalar figures that _combine averages over rounds
+# an arm's scalar figures that combine_rounds averages over rounds
 ROUND_MEANS = (
     "cpu_util",
     "rollout_s",
@@ -25,7 +25,7 @@ ROUND_MEANS = (
 )
 
 
-def _combine(per_round: dict[str, list], wl: str) -> dict:
+def combine_rounds(per_round: dict[str, list], wl: str) -> dict:
     """Each mode's arms: the last round's details (modes run, auto's predictions), with
     every figure averaged over rounds: the step figure, the rollout phase, CPU use,
     reload time, peak memory (each run's peak), lengths, phase times, idle fractions."""
@@ -38,12 +38,12 @@ def _combine(per_round: dict[str, list], wl: str) -> dict:
         out[mode] = {**arms[-1], key: statistics.fmean(vals), f"{key}_per_round": vals}
         for k in ROUND_MEANS:
             if k in arms[-1]:
-                out[mode][k] = _mean([a.get(k) for a in arms])
+                out[mode][k] = mean_of_numbers([a.get(k) for a in arms])
                 out[mode][f"{k}_per_round"] = [a.get(k) for a in arms]
         for group in ("phase_s", "idle_frac", "peak_rss_mb_by_phase"):
             if group in arms[-1]:
                 out[mode][group] = {
-                    k: _mean([a[group].get(k) for a in arms]) for k in arms[-1][group]
+                    k: mean_of_numbers([a[group].get(k) for a in arms]) for k in arms[-1][group]
                 }
         out[mode]["modes_run_per_round"] = [
             a.get("modes_run") or a.get("segment_long", {}).get("modes_run") for a in arms
@@ -65,7 +65,7 @@ def _ratio(phase_s: dict) -> float | None:
     return judge / gen if ok else None
 
 
-def _mean(vals: list) -> float | None:
+def mean_of_numbers(vals: list) -> float | None:
     vals = [v for v in vals if isinstance(v, int | float)]
     return statistics.fmean(vals) if vals else None
 
@@ -132,7 +132,7 @@ def _auto_over_best(out: dict, wl: str, key: str, name: str) -> tuple[str, dict]
     return best, v
 
 
-def _derive(out: dict) -> None:
+def derive_ratios(out: dict) -> None:
     """The acceptance ratios from whatever workloads the JSON holds: each a ratio of the
     modes' means over rounds, with its round-by-round spread in ``<key>_rounds``."""
     for wl in JUDGED + ("rollout_heavy",):

@@ -14,7 +14,7 @@ import torch
 
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.placement.bench_arms import COLOCATE_JUDGE_THREADS, CORPUS, run_arm
-from mmyatt.placement.bench_figures import _combine, paired_ratio
+from mmyatt.placement.bench_figures import combine_rounds, paired_ratio
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def memory_arms(tmp: Path, base: list[str], steps: int, rounds: int = 1) -> dict
                     f"[bench] placement judge_memory {name} round {k + 1} {mode}: peak "
                     f"{arm['peak_rss_mb']:.0f} MB, {arm['step_s']:.3f} s/step"
                 )
-        arms = _combine(per_round, "judge_memory")
+        arms = combine_rounds(per_round, "judge_memory")
         c, p = arms["colocate"], arms["partial"]
         arms["colocate_minus_partial_peak_rss_mb"] = c["peak_rss_mb"] - p["peak_rss_mb"]
         arms["colocate_over_partial_peak_rss"] = c["peak_rss_mb"] / p["peak_rss_mb"]
