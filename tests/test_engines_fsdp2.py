@@ -200,15 +200,12 @@ def test_fsdp2_options_single_process(tmp_path):
     from mmyatt.protocols import Sampling
 
     path = build_tiny_text_model(tmp_path / "m", size="qwen2-0.1m", corpus=CORPUS)
-    cfg = load_config(None, ["train.backend=fsdp2", "train.mixed_precision=bfloat16"]).train
     policy = TextPolicy.load(path, max_prompt_tokens=16)
     units = shard_units(policy.module())
     assert [type(u).__name__ for u in units] == ["Qwen2DecoderLayer"] * 2
-    off = load_config(None, ["train.backend=fsdp2", "train.cpu_offload=true"]).train
     with pytest.raises(ValueError, match="GPU option"):
-        FSDP2Engine(Dist(), off).wrap(TextPolicy.load(path, max_prompt_tokens=16))
-    cfg = cfg.model_copy(update={"activation_checkpointing": True})
-    engine = FSDP2Engine(Dist(), cfg)
+        FSDP2Engine(Dist(), cpu_offload=True).wrap(TextPolicy.load(path, max_prompt_tokens=16))
+    engine = FSDP2Engine(Dist(), mixed_precision="bfloat16", activation_checkpointing=True)
     wrapped = engine.wrap(policy)
     params = [p for p in wrapped.module().parameters() if p.requires_grad]
     before = [p.full_tensor().clone() for p in params]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from types import SimpleNamespace
 
 import boundaries
 import pytest
@@ -248,10 +247,9 @@ def test_media_prompts_marks_a_vlm_under_the_engine_wrappers():
 
 
 def test_engines_rewards_and_the_placement_implement_their_protocols():
-    train = SimpleNamespace(tensor_parallel=1, pipeline_parallel=1)
-    for engine in (ReplicaEngine(None), FSDP2Engine(None, train), MegatronEngine(None, train)):
+    for engine in (ReplicaEngine(None), FSDP2Engine(None), MegatronEngine(None)):
         assert isinstance(engine, Engine), type(engine).__name__
-    assert isinstance(FSDP2Engine(None, train), LockstepEngine)
+    assert isinstance(FSDP2Engine(None), LockstepEngine)
     assert not isinstance(ReplicaEngine(None), LockstepEngine)
     rule = WeightedReward([{"name": "exact_match"}])
     judge = GenRMReward("http://127.0.0.1:9", template="yes_no_correct", model="judge")

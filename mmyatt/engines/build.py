@@ -24,7 +24,7 @@ def controller_dist(cfg, dist):
     t = cfg.train
     if t.backend != "megatron" or t.tensor_parallel * t.pipeline_parallel == 1:
         return dist
-    return megatron_group.controller_dist(cfg, dist)
+    return megatron_group.controller_dist(dist, t.tensor_parallel, t.pipeline_parallel)
 
 
 def group_reward(reward: Reward, dist) -> Reward:
@@ -54,12 +54,20 @@ def build_engines(cfg, dist, policy: Policy) -> tuple[Engine, Policy]:
 
 def build_train_engine(cfg, dist) -> Engine:
     """The training engine ``cfg.train.backend`` names, for this controller."""
-    backend = cfg.train.backend
-    if backend == "replica":
+    t = cfg.train
+    if t.backend == "replica":
         return ReplicaEngine(dist)
-    if backend == "fsdp2":
-        return FSDP2Engine(dist, cfg.train)
-    if backend == "megatron":
+    if t.backend == "fsdp2":
+        return FSDP2Engine(
+            dist,
+            mixed_precision=t.mixed_precision,
+            cpu_offload=t.cpu_offload,
+            activation_checkpointing=t.activation_checkpointing,
+            reshard_after_forward=t.reshard_after_forward,
+        )
+    if t.backend == "megatron":
         require("megatron", "train.backend=megatron")
-        return MegatronEngine(dist, cfg.train)
-    raise ValueError(f"train.backend={backend!r}: expected replica, fsdp2 or megatron")
+        return MegatronEngine(
+            dist, tensor_parallel=t.tensor_parallel, pipeline_parallel=t.pipeline_parallel
+        )
+    raise ValueError(f"train.backend={t.backend!r}: expected replica, fsdp2 or megatron")

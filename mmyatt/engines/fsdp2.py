@@ -122,8 +122,20 @@ class FSDP2Engine:
     name = "fsdp2"
     lockstep = True
 
-    def __init__(self, dist, train_cfg):
-        self.dist, self.cfg = dist, train_cfg
+    def __init__(
+        self,
+        dist,
+        *,
+        mixed_precision: str = "none",
+        cpu_offload: bool = False,
+        activation_checkpointing: bool = False,
+        reshard_after_forward: bool = True,
+    ):
+        """The options are ``train.*``'s of the same names (module docstring)."""
+        self.dist = dist
+        self.mixed_precision, self.cpu_offload = mixed_precision, cpu_offload
+        self.activation_checkpointing = activation_checkpointing
+        self.reshard_after_forward = reshard_after_forward
         self.units: list = []
         self.root = None
         self.filler: Rollout | None = None  # two samples of this rank's last generation
@@ -147,22 +159,22 @@ class FSDP2Engine:
 
         module = policy.module()
         device = next(module.parameters()).device
-        if self.cfg.cpu_offload and device.type != "cuda":
+        if self.cpu_offload and device.type != "cuda":
             raise ValueError(
                 "train.cpu_offload=true offloads sharded weights from the GPU to host memory; "
                 f"the policy is on {device} already (it is a GPU option)"
             )
-        if self.cfg.activation_checkpointing:
+        if self.activation_checkpointing:
             enable_activation_checkpointing(module)
         if not tdist.is_initialized():  # a lone controller: a process group of one
             _init_single_process_group(device)
         mesh = init_device_mesh(device.type, (tdist.get_world_size(),))
-        kw: dict = {"mesh": mesh, "reshard_after_forward": self.cfg.reshard_after_forward}
-        if self.cfg.mixed_precision != "none":
+        kw: dict = {"mesh": mesh, "reshard_after_forward": self.reshard_after_forward}
+        if self.mixed_precision != "none":
             kw["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=DTYPES[self.cfg.mixed_precision], reduce_dtype=torch.float32
+                param_dtype=DTYPES[self.mixed_precision], reduce_dtype=torch.float32
             )
-        if self.cfg.cpu_offload:
+        if self.cpu_offload:
             kw["offload_policy"] = CPUOffloadPolicy()
         for unit in shard_units(module):
             fully_shard(unit, **kw)
@@ -228,7 +240,7 @@ class FSDP2Engine:
             for m in self.units:
                 m.reshard()
             for m in self.units:
-                m.set_reshard_after_forward(self.cfg.reshard_after_forward, recurse=False)
+                m.set_reshard_after_forward(self.reshard_after_forward, recurse=False)
 
     # ------------------------------------------------------------------ state
     def model_state(self, policy) -> dict:

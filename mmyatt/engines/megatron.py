@@ -58,10 +58,9 @@ class MegatronEngine:
     name = "megatron"
     lockstep = False
 
-    def __init__(self, dist, train_cfg):
-        self.dist, self.cfg = dist, train_cfg
-        self.tp = int(train_cfg.tensor_parallel)
-        self.pp = int(train_cfg.pipeline_parallel)
+    def __init__(self, dist, *, tensor_parallel: int = 1, pipeline_parallel: int = 1):
+        self.dist = dist
+        self.tp, self.pp = int(tensor_parallel), int(pipeline_parallel)
         self.hf_cfg = None  # the HF config of the wrapped policy (names in optimizer state)
         self._model = None
 

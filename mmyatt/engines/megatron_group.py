@@ -87,20 +87,20 @@ class GroupDist(Dist):
         return box[0]
 
 
-def controller_dist(cfg, dist: Dist) -> Dist:
-    """The controller's ``Dist``: a :class:`GroupDist` when a Megatron tensor-parallel
-    group is one controller, else ``dist`` itself."""
-    t = cfg.train
-    pp = int(t.pipeline_parallel)
-    if t.backend != "megatron" or t.tensor_parallel * pp == 1:
+def controller_dist(dist: Dist, tensor_parallel: int, pipeline_parallel: int) -> Dist:
+    """The controller's ``Dist``: a :class:`GroupDist` when a Megatron model-parallel
+    group (``tensor_parallel`` x ``pipeline_parallel`` processes) is one controller, else
+    ``dist`` itself."""
+    tp, pp = int(tensor_parallel), int(pipeline_parallel)
+    if tp * pp == 1:
         return dist
     procs = tdist.get_world_size() if tdist.is_initialized() else 1
-    if procs % (t.tensor_parallel * pp):
+    if procs % (tp * pp):
         raise ValueError(
-            f"train.tensor_parallel={t.tensor_parallel} x train.pipeline_parallel={pp} does "
+            f"train.tensor_parallel={tp} x train.pipeline_parallel={pp} does "
             f"not divide the {procs} processes (distributed.nproc)"
         )
-    return GroupDist(dist, t.tensor_parallel, pp)
+    return GroupDist(dist, tp, pp)
 
 
 class MirrorCheckpointer(Checkpointer):
