@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mmyatt.datasets import vision_tasks as vt
 from mmyatt.datasets.factored_shapes import (
@@ -40,8 +40,9 @@ from mmyatt.datasets.factored_shapes import (
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, HELDOUT_VAL
 from mmyatt.models.builtin import train_tiny_judge as jt
 from mmyatt.models.builtin.critic import augment_image
+from mmyatt.models.builtin.judge_sft import JudgeSFT
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
-from mmyatt.models.builtin.train_tiny_judge import _judge_corpus, sft_step
+from mmyatt.models.builtin.train_tiny_judge import judge_corpus
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.step.lr_schedule import cosine_schedule
 
@@ -153,30 +154,24 @@ def train_shape_judge(
     accuracy on the trained combinations and on the validation held-out combinations
     (``yes_no``), or with the best mean colour and shape accuracy on both, Yes/No
     breaking ties (``questions``, what GenRM's vqa mode reads)."""
-    import torch
-
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
     work = Path(out_dir)
 
-    words = _judge_corpus() + (corpus() * 2 if named_fraction else [])
+    words = judge_corpus() + (corpus() * 2 if named_fraction else [])
     build_tiny_vlm(work, arch="qwen2-vl", size=size, corpus=words, seed=seed)
     policy = VLMPolicy.load(work, max_prompt_tokens=64)
-    model = policy.module()
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    run = JudgeSFT(policy, lr=lr, log=log)
     ex = tuple(HELDOUT)
     sets = eval_sets(seed, exclude=ex, sizes=sizes, n=n_eval)
     stages = [("classification", classification_mix), ("judge", judge_mix)]
-    start = time.perf_counter()
-    history: list[dict] = []
     best: dict[str, Any] = {"select": -1.0}
     step, stage, stage_start = 0, 0, 0
     sched = None
     while True:
         name, make = stages[stage]
         if name == "judge" and sched is None:
-            sched = cosine_schedule(opt, judge_steps, floor=0.1)  # lr to lr / 10
+            sched = cosine_schedule(run.opt, judge_steps, floor=0.1)  # lr to lr / 10
         batch = make(
             batch_size,
             seed=1_000_000 * (seed + 1) + step,
@@ -191,25 +186,18 @@ def train_shape_judge(
                 {**r, "image": augment_image(r["image"], rng)} if rng.random() < augment else r
                 for r in batch
             ]
-        loss = sft_step(policy, opt, batch)
+        loss = run.step(batch)
         if sched is not None and step - stage_start < judge_steps:
             sched.step()
         step += 1
-        elapsed = time.perf_counter() - start
-        out_of_time = elapsed > minutes * 60
+        out_of_time = run.seconds() > minutes * 60
         if step % eval_every and not out_of_time:
             continue
-        model.eval()
-        with torch.no_grad():
+        with run.evaluating():
             m: dict[str, Any] = evaluate(
                 policy, {k: v for k, v in sets.items() if k != "test_heldout"}
             )
-        model.train()
-        m.update(
-            step=step, seconds=round(elapsed, 1), loss=round(float(loss.detach()), 4), stage=name
-        )
-        history.append(m)
-        say(json.dumps(m))
+        run.record(m, step=step, loss=round(float(loss.detach()), 4), stage=name)
         if name == "judge":
             yes_no = (m["seen/judge_accuracy"] + m["val_heldout/judge_accuracy"]) / 2
             if select == "questions":  # what GenRM's vqa mode reads; Yes/No breaks ties
@@ -235,9 +223,9 @@ def train_shape_judge(
     return {
         "best": best,
         "test": test,
-        "history": history,
+        "history": run.history,
         "steps": step,
-        "seconds": time.perf_counter() - start,
+        "seconds": run.seconds(),
     }
 
 
@@ -256,8 +244,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--judge-steps", type=int, default=3000)
     ap.add_argument("--select", choices=("yes_no", "questions"), default="yes_no")
     a = ap.parse_args(argv)
-    import torch
-
     torch.set_num_threads(1)
     r = train_shape_judge(
         a.out,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mmyatt.datasets.shapes import COLOURS, SHAPES, is_heldout
 from mmyatt.datasets.shapes import shape_records as caption_records
@@ -41,6 +42,8 @@ from mmyatt.datasets.vision_tasks import (
     judge_training_mix,
     shape_records,
 )
+from mmyatt.models.builtin.judge_sft import JudgeSFT
+from mmyatt.models.builtin.judge_sft import sft_step as sft_step  # the describe judge's
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.models.vlm import VLMPolicy
@@ -121,19 +124,6 @@ def classification_by_task(policy, records: list[dict]) -> dict[str, float]:
     return out
 
 
-def sft_step(policy, opt, batch: list[dict], params=None, clip: float = 1.0):
-    """One SFT step of a judge: ``policy.sft_loss(batch)``, backward, gradient norm clipped
-    to ``clip`` over ``params`` (default: every parameter), optimizer step; the loss."""
-    import torch
-
-    loss = policy.sft_loss(batch)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(policy.module().parameters() if params is None else params, clip)
-    opt.step()
-    return loss
-
-
 def train_judge(
     out_dir: str | Path | None = None,
     *,
@@ -188,17 +178,13 @@ def train_judge(
     Returns {"best": metrics, "test": {side: metrics}, "history": [...], "steps": int,
     "seconds": float}.
     """
-    import torch
-
     say = log or (lambda _msg: None)
     torch.manual_seed(seed)
     work = Path(out_dir) if out_dir is not None else None
     build_dir = Path(f"/tmp/mmyatt-judge-build-{seed}") if work is None else work
-    build_tiny_vlm(build_dir, arch="qwen2-vl", size=size, corpus=_judge_corpus(), seed=seed)
+    build_tiny_vlm(build_dir, arch="qwen2-vl", size=size, corpus=judge_corpus(), seed=seed)
     policy = VLMPolicy.load(build_dir, max_prompt_tokens=64)
-    model = policy.module()
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    run = JudgeSFT(policy, lr=lr, log=log)
     ex = tuple(exclude)
     eval_records = judge_records(n_eval, seed=10_000 + seed, sizes=sizes, exclude=ex)
     cls_eval = shape_records(192, seed=20_000 + seed, sizes=sizes, exclude=ex)
@@ -236,33 +222,25 @@ def train_judge(
             ),
         ),
     ]
-    start = time.perf_counter()
-    history: list[dict] = []
     best: dict[str, Any] = {"accuracy": -1.0}
     step, stage, stage_start = 0, 0, 0
     schedule = None  # the judge stage's: a cosine from lr to lr / 10 over judge_steps, then flat
     while True:
         name, make = stages[stage]
         if name == "judge" and schedule is None:
-            schedule = cosine_schedule(opt, judge_steps, floor=0.1)
-        batch = make(1_000_000 * (seed + 1) + step)
-        loss = sft_step(policy, opt, batch)
+            schedule = cosine_schedule(run.opt, judge_steps, floor=0.1)
+        loss = run.step(make(1_000_000 * (seed + 1) + step))
         if schedule is not None:
             schedule.step()
         step += 1
-        elapsed = time.perf_counter() - start
-        out_of_time = elapsed > minutes * 60
+        out_of_time = run.seconds() > minutes * 60
         if step % eval_every and not out_of_time:
             continue
-        model.eval()
-        with torch.no_grad():
+        with run.evaluating():
             metrics: dict[str, Any] = classification_by_task(policy, cls_eval)
             if name == "judge":
                 metrics.update(judge_accuracy(policy, eval_records))
-        model.train()
-        metrics.update(step=step, seconds=round(elapsed, 1), loss=float(loss.detach()), stage=name)
-        history.append(metrics)
-        say(json.dumps(metrics))
+        run.record(metrics, step=step, loss=float(loss.detach()), stage=name)
         if name == "judge":
             if metrics["accuracy"] > best["accuracy"]:
                 best = metrics
@@ -278,7 +256,7 @@ def train_judge(
                 stage, stage_start = stage + 1, step
         if out_of_time:
             break
-    seconds = time.perf_counter() - start
+    seconds = run.seconds()
     test: dict[int, dict] = {}
     if work is not None and best["accuracy"] >= 0:
         final = VLMPolicy.load(work, max_prompt_tokens=64)
@@ -288,10 +266,10 @@ def train_judge(
                     final, judge_records(n_test, seed=30_000 + seed, sizes=(side,))
                 )
                 say(json.dumps({"test_image_side": side, **test[side]}))
-    return {"best": best, "test": test, "history": history, "steps": step, "seconds": seconds}
+    return {"best": best, "test": test, "history": run.history, "steps": step, "seconds": seconds}
 
 
-def _judge_corpus() -> list[str]:
+def judge_corpus() -> list[str]:
     """Tokenizer corpus: every question and answer the judge sees."""
     texts = [COLOUR_QUESTION, SHAPE_QUESTION, MOTION_QUESTION, "Yes", "No", *COLOURS, *SHAPES]
     texts += [JUDGE_QUESTION.format(colour=c, shape=s) for c in COLOURS for s in SHAPES]
@@ -316,8 +294,6 @@ def generator_samples(
     what was drawn). Chunks of ``batch`` cycle through ``noise_levels`` (0 = ODE) and
     ``denoise_steps``, so the pool covers what RL rollouts and ODE evals look like.
     No caption is a (colour, shape) in ``exclude``."""
-    import torch
-
     policy = FlowPolicy.load(generator_dir)
     records = caption_records(n, seed, tuple(exclude))
     out: list[dict] = []
@@ -453,8 +429,6 @@ def finetune_judge_on_generator(
     checkpoint with the best agreement whose clean accuracy stays >= 0.95 is saved to
     ``out_dir``. Returns {"start", "best", "history", "seconds"}.
     """
-    import torch
-
     say = log or (lambda _msg: None)
     torch.manual_seed(seed)
     started = time.perf_counter()
@@ -480,26 +454,20 @@ def finetune_judge_on_generator(
     yes = np.mean([r["answer"] == "Yes" for r in train_pool])
     say(f"pool: {len(train_pool)} questions, {yes:.2f} answered Yes by the rule")
     policy = VLMPolicy.load(judge_dir, max_prompt_tokens=64)
-    model = policy.module()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    run = JudgeSFT(policy, lr=lr, log=log)
+    run.started = started  # the clock includes drawing the pool
     rng = np.random.default_rng([seed, 7])
     n_gen = int(round(batch_size * generated_fraction))
 
     def measure(step: int, loss: float | None) -> dict[str, Any]:
-        model.eval()
-        with torch.no_grad():
+        with run.evaluating():
             m = {f"gen_{k}": v for k, v in rule_agreement(policy, held).items()}
             m["clean_accuracy"] = judge_accuracy(policy, clean_eval)["accuracy"]
-        model.train()
-        m.update(step=step, seconds=round(time.perf_counter() - started, 1), loss=loss)
-        say(json.dumps(m))
-        return m
+        return run.record(m, step=step, loss=loss)
 
     start = measure(0, None)
     best: dict[str, Any] = {"gen_agreement": -1.0}
-    history = [start]
-    model.train()
-    schedule = cosine_schedule(opt, steps - 1, floor=0.1)  # lr / 10 at the last step
+    schedule = cosine_schedule(run.opt, steps - 1, floor=0.1)  # lr / 10 at the last step
     for step in range(1, steps + 1):
         picks = rng.choice(len(train_pool), size=n_gen, replace=False)
         batch = [train_pool[int(i)] for i in picks]
@@ -512,17 +480,16 @@ def finetune_judge_on_generator(
             exclude=exclude,
             grey_fraction=grey_fraction,
         )
-        loss = sft_step(policy, opt, batch)
+        loss = run.step(batch)
         schedule.step()
         if step % eval_every == 0 or step == steps:
             m = measure(step, float(loss.detach()))
-            history.append(m)
             if m["clean_accuracy"] >= 0.95 and m["gen_agreement"] > best["gen_agreement"]:
                 best = m
                 policy.save(str(out_dir))
     return {
         "start": start,
         "best": best,
-        "history": history,
-        "seconds": round(time.perf_counter() - started, 1),
+        "history": run.history,
+        "seconds": round(run.seconds(), 1),
     }
