@@ -241,10 +241,9 @@ class Placement:
         next step); ``r`` itself otherwise."""
         return self.dispatch.select(r, records, n, sampling.max_new_tokens)[0]
 
-    def _shared(self, n: int, sampling: Sampling, timer: PhaseTimer, plan) -> Rollout:
-        if plan is not None:
-            self._unpin(plan)
-        self._phase_start()
+    def _generate(self, n: int, sampling: Sampling, timer: PhaseTimer) -> Rollout:
+        """``n`` groups drawn, generated in one call under the "generate" timer and kept
+        (``_kept``); the seconds count in the phase's ``gen_s``."""
         t0 = time.perf_counter()
         with timer("generate"):
             records, s = self._draw(n, sampling)
@@ -252,6 +251,13 @@ class Placement:
                 self.policy.generate(records, self.G, s, self._seeds(records)), records, n, s
             )
         self._acc["gen_s"] += time.perf_counter() - t0
+        return r
+
+    def _shared(self, n: int, sampling: Sampling, timer: PhaseTimer, plan) -> Rollout:
+        if plan is not None:
+            self._unpin(plan)
+        self._phase_start()
+        r = self._generate(n, sampling, timer)
         self._phase_end("generate")
         self._phase_start()
         with timer("reward"):
@@ -286,13 +292,7 @@ class Placement:
                 off.optimizer_off()
         self._phase_start()
         res.use_cores(plan.rollout, sharers=self.dist.world_size)
-        t0 = time.perf_counter()
-        with timer("generate"):
-            records, s = self._draw(n, sampling)
-            r = self._kept(
-                self.policy.generate(records, self.G, s, self._seeds(records)), records, n, s
-            )
-        self._acc["gen_s"] += time.perf_counter() - t0
+        r = self._generate(n, sampling, timer)
         self._wait(timer)  # the long tail: the judge phase starts when all have generated
         self._phase_end("generate")
         if off is not None:
