@@ -28,10 +28,11 @@ def _group(prompt: int, actions: list[int], elements: int = 10) -> GroupShape:
 
 def test_features_count_the_padding_a_pass_runs():
     a, b = _group(10, [4, 2]), _group(3, [6, 6, 1])
-    # one call; prompts 2 x widest 10 + rows 5 x longest completion 6 = 50
-    assert features([a, b]) == [1.0, 50.0, 0.0, 0.0, 0.0]
-    assert features([a]) == [1.0, 10 + 2 * 4, 0.0, 0.0, 0.0]
-    assert features([]) == [0.0] * 5
+    # one call; prompts 2 x widest 10 + rows 5 x longest completion 6 = 50 tokens;
+    # query-key pairs 2 x 10 x 10 + 5 x 6 x (10 + 6) = 680
+    assert features([a, b]) == [1.0, 50.0, 680.0, 0.0, 0.0, 0.0]
+    assert features([a]) == [1.0, 10 + 2 * 4, 100 + 2 * 4 * 14, 0.0, 0.0, 0.0]
+    assert features([]) == [0.0] * 6
 
 
 def test_group_shapes_of_a_text_rollout():
@@ -79,12 +80,12 @@ def test_nnls_by_hand():
 
 
 def test_cost_model_fits_each_pass_kind_on_its_own():
-    obs = [("train", [1.0, t, 0, 0, 0], 0.01 + 0.001 * t) for t in (10, 50, 200)]
-    obs += [("no_grad", [1.0, t, 0, 0, 0], 0.002 + 0.0002 * t) for t in (10, 100)]
+    obs = [("train", [1.0, t, 0, 0, 0, 0], 0.01 + 0.001 * t) for t in (10, 50, 200)]
+    obs += [("no_grad", [1.0, t, 0, 0, 0, 0], 0.002 + 0.0002 * t) for t in (10, 100)]
     m = CostModel()
     m.fit(obs)
-    assert m.predict([1, 100, 0, 0, 0]) == pytest.approx(0.11)
-    assert m.predict([1, 100, 0, 0, 0], "no_grad") == pytest.approx(0.022)
+    assert m.predict([1, 100, 0, 0, 0, 0]) == pytest.approx(0.11)
+    assert m.predict([1, 100, 0, 0, 0, 0], "no_grad") == pytest.approx(0.022)
     # a rank: 2 epochs over one minibatch of one group (width 10 + 2 x 5 = 20 tokens),
     # and one no-grad pass over it
     train, ng = rank_seconds(m, [[_group(10, [5, 5])]], epochs=2, no_grad_passes=1)
@@ -94,7 +95,7 @@ def test_cost_model_fits_each_pass_kind_on_its_own():
 def _balancer(when="pays", **kw) -> Balancer:
     b = Balancer(Dist(0, 2), "text", Settings(when=when, fit_steps=1, **kw), token_plan)
     # a call 5 ms, a padded token 0.1 ms
-    b.model.fit([("train", [1.0, t, 0, 0, 0], 0.005 + 1e-4 * t) for t in (50, 200, 400)])
+    b.model.fit([("train", [1.0, t, 0, 0, 0, 0], 0.005 + 1e-4 * t) for t in (50, 200, 400)])
     b.steps = 5
     return b
 
@@ -145,7 +146,7 @@ def test_always_moves_by_token_counts():
 def test_state_round_trip_plans_the_same():
     b = _balancer()
     b.exchanges = [(100.0, 1e-4), (300.0, 3e-4)]
-    b.observations = [("train", [1.0, 50.0, 0, 0, 0], 0.01)]
+    b.observations = [("train", [1.0, 50.0, 0, 0, 0, 0], 0.01)]
     again = Balancer(Dist(0, 2), "text", Settings(fit_steps=1), token_plan)
     again.load_state_dict(b.state_dict())
     assert again.model.coef == b.model.coef and again.steps == b.steps

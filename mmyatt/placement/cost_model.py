@@ -3,7 +3,9 @@
 A pass over a micro-batch pays for what the policy computes, padding included: the
 prompt pass runs each prompt of the micro-batch once, padded to the widest, and the
 completion pass every row, padded to the longest counted completion (the shapes
-``mmyatt.step.batches.micro_batch_cost`` counts); a VLM's vision tower runs over every
+``mmyatt.step.batches.micro_batch_cost`` counts); attention pays per query-key pair, each
+prompt over itself and each completion token over the padded prompt and completion (on
+a small model as costly as the rest: a long prompt slows every completion); a VLM's vision tower runs over every
 patch of an image or a clip whose pixels the sample still carries (a clip's frames make
 many more patches than an image); a flow sample pays per trained denoising transition;
 and every call pays a fixed overhead. These are the features of a micro-batch
@@ -29,11 +31,12 @@ import torch
 
 from mmyatt.rollout import Rollout
 
-FEATURES = ("calls", "padded_tokens", "image_patches", "clip_patches", "transitions")
+FEATURES = ("calls", "padded_tokens", "attention", "image_patches", "clip_patches", "transitions")
 PASSES = ("train", "no_grad")
-# before the first fit: a call costs as much as 64 padded tokens, a patch as a token, a
-# transition as 64 tokens (seconds per padded token: the size does not matter for cuts)
-PRIOR = (64e-5, 1e-5, 1e-5, 1e-5, 64e-5)
+# before the first fit: a call costs as much as 64 padded tokens, a query-key pair 1/64
+# of a token, a patch a token, a transition 64 tokens (seconds per padded token: the
+# scale does not matter for cuts)
+PRIOR = (64e-5, 1e-5, 1e-5 / 64, 1e-5, 1e-5, 64e-5)
 
 
 @dataclass(frozen=True)
@@ -91,17 +94,18 @@ def group_shapes(r: Rollout | None, kind: str) -> list[GroupShape]:
         v[0].numel() for v in r.context.values() if isinstance(v, torch.Tensor) and v.dim() >= 1
     ) + 3 * (r.actions[0].numel() if len(r) else 0)
     out = []
+    flow = kind == "flow"  # no tokens: a sample's cost is its trained transitions
     for sl in r.group_slices():
         image, clip = _patches(media[sl.start]) if media is not None else (0, 0)
         rows = sl.stop - sl.start
         out.append(
             GroupShape(
                 rows=rows,
-                prompt=int(max(prompt[sl])),
-                actions=tuple(int(a) for a in actions[sl]),
+                prompt=0 if flow else int(max(prompt[sl])),
+                actions=() if flow else tuple(int(a) for a in actions[sl]),
                 image_patches=image,
                 clip_patches=clip,
-                transitions=int(sum(trained[sl])) if kind == "flow" else 0,
+                transitions=int(sum(trained[sl])) if flow else 0,
                 elements=rows * per_row,
             )
         )
@@ -118,6 +122,8 @@ def features(groups: Sequence[GroupShape]) -> list[float]:
     return [
         1.0,
         float(len(groups) * wide + rows * long),
+        # query-key pairs: each prompt over itself, each completion over prompt and itself
+        float(len(groups) * wide * wide + rows * long * (wide + long)),
         float(sum(g.image_patches for g in groups)),
         float(sum(g.clip_patches for g in groups)),
         float(sum(g.transitions for g in groups)),
