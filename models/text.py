@@ -33,6 +33,30 @@ from .lora import add_lora, base_weights
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
 
 
+def check_model_dir(path: str | Path, needs: dict[str, str] | None = None) -> Path:
+    """``path`` as a Path; FileNotFoundError naming it and what is missing unless it is a
+    folder with a config, weights, tokenizer files and each file of ``needs`` (file name
+    -> what it is, e.g. the VLM's image processor)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"no model directory at {str(p)!r}")
+    missing = []
+    if not (p / "config.json").is_file():
+        missing.append("config.json")
+    if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+        missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
+    missing += [
+        f"{what} ({name})" for name, what in (needs or {}).items() if not (p / name).is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"model directory {str(p)!r} is incomplete: missing {', '.join(missing)}"
+        )
+    return p
+
+
 class PromptTooLongError(ValueError):
     """A prompt has more tokens than ``max_prompt_tokens`` and overflow is "reject"."""
 
@@ -147,20 +171,7 @@ class TextPolicy:
         Raises FileNotFoundError naming ``path`` and what is missing when the directory
         does not exist or lacks a config, weights or tokenizer files.
         """
-        p = Path(path)
-        if not p.is_dir():
-            raise FileNotFoundError(f"no model directory at {str(p)!r}")
-        missing = []
-        if not (p / "config.json").is_file():
-            missing.append("config.json")
-        if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
-            missing.append("weights (*.safetensors or pytorch_model*.bin)")
-        if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
-            missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
-        if missing:
-            raise FileNotFoundError(
-                f"model directory {str(p)!r} is incomplete: missing {', '.join(missing)}"
-            )
+        p = check_model_dir(path)
         tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
         return cls(model.to(device), tokenizer, **kw)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from mmyatt.models import decode  # one decode loop for text and VLM
 from mmyatt.models.fast_decode import FastDecode
 from mmyatt.models.logprobs import token_logprobs
-from mmyatt.models.text import _eos_ids
+from mmyatt.models.text import _eos_ids, check_model_dir
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
@@ -179,22 +179,7 @@ class VLMPolicy:
 
         Raises FileNotFoundError naming ``path`` and what is missing.
         """
-        p = Path(path)
-        if not p.is_dir():
-            raise FileNotFoundError(f"no model directory at {str(p)!r}")
-        missing = []
-        if not (p / "config.json").is_file():
-            missing.append("config.json")
-        if not any(p.glob("*.safetensors")) and not any(p.glob("pytorch_model*.bin")):
-            missing.append("weights (*.safetensors or pytorch_model*.bin)")
-        if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
-            missing.append("tokenizer (tokenizer.json or tokenizer_config.json)")
-        if not (p / "preprocessor_config.json").is_file():
-            missing.append("image processor (preprocessor_config.json)")
-        if missing:
-            raise FileNotFoundError(
-                f"model directory {str(p)!r} is incomplete: missing {', '.join(missing)}"
-            )
+        p = check_model_dir(path, {"preprocessor_config.json": "image processor"})
         from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
