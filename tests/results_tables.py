@@ -333,6 +333,26 @@ def checkpoint_rows() -> Rows:
     }
 
 
+def lora_sync_rows() -> Rows:
+    d, res = load("bench/lora_sync.json"), "results/bench/lora_sync.json"
+
+    def ms(row: dict, arm: str) -> str:
+        return f"{row[arm]['seconds'] * 1e3:.1f} ms" if arm in row else "not timed"
+
+    return {
+        name: [
+            None,
+            f"{r['lora_bytes']:,}",
+            f"{r['full_bytes']:,}",
+            f"{r['bytes_ratio']:.3f}",
+            ms(r, "lora_sync"),
+            ms(r, "full_sync"),
+            res,
+        ]
+        for name, r in d["models"].items()
+    }
+
+
 FAULT_NAMES = {
     "kill_during_step": "SIGKILL of every process inside a step",
     "nan_reward": "NaN reward for one step",
@@ -532,6 +552,12 @@ TABLES = {
         B, "option | workload | figure | result", placement_option_rows, allow={"1.5"}
     ),
     "checkpoint": Table(B, "figure | seconds | result", checkpoint_rows),
+    "LoRA sync": Table(
+        B,
+        "model | recipes | LoRA sync, bytes | full sync, bytes | LoRA / full | "
+        "LoRA sync, median | full sync, median | result",
+        lora_sync_rows,
+    ),
     "faults": Table(
         B,
         "scenario | survived | records lost | weights equal to the uninterrupted run's | result",

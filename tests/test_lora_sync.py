@@ -17,7 +17,9 @@ tests/test_lora_sync_vllm.py, ``make test-vllm``).
 
 from __future__ import annotations
 
+import copy
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +31,7 @@ from test_text_policy import CORPUS
 from torch import nn
 
 from mmyatt.bench.lora_sync import bench_lora_sync
-from mmyatt.config.schema import RolloutConfig
+from mmyatt.config.schema import ModelConfig, RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine
 from mmyatt.engines.vllm_lora import CONFIG, WEIGHTS, lora_engine_args
@@ -47,6 +49,8 @@ from mmyatt.models.lora import (
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import Sampling
+from mmyatt.step.adapters import build_policy
+from mmyatt.step.async_rollouts import load_weights, sampling_weights
 
 LORA = {"r": 4, "alpha": 8}
 GREEDY = Sampling(max_new_tokens=6, greedy=True)
@@ -135,6 +139,18 @@ def test_text_lora_trains_the_adapter_only_and_saves_merged(model_dir, tmp_path)
     again = TextPolicy.load(tmp_path / "out", max_prompt_tokens=16)
     assert not any(".lora_" in n or "base_layer" in n for n, _ in again.module().named_parameters())
     torch.testing.assert_close(again.logprobs(r), moved, atol=1e-5, rtol=0)
+
+
+def test_model_lora_rank_gives_the_text_policy_an_adapter(model_dir):
+    m = ModelConfig(kind="text", path=str(model_dir), lora={"rank": 4, "alpha": 8})
+    policy = build_policy(m)
+    assert policy.lora == {
+        **LORA,
+        "alpha": 8.0,
+        "target_modules": sorted(["q_proj", "k_proj", "v_proj", "o_proj"]),
+        "dropout": 0.0,
+    }
+    assert build_policy(ModelConfig(kind="text", path=str(model_dir))).lora is None
 
 
 def test_vlm_lora_adapts_the_language_model_only(tmp_path):
@@ -286,3 +302,21 @@ def test_rollout_copy_follows_from_the_adapter_alone(model_dir):
     assert torch.equal(copy.logprobs(r), trained.logprobs(r))
     with pytest.raises(ValueError, match="does not fit"):
         load_adapter_state(copy.module(), dict(list(state.items())[1:]))
+
+
+def test_async_rollout_copy_of_a_lora_policy_gets_the_adapter_only(model_dir):
+    """trainer.async's rollout copy: a LoRA policy's snapshot is its adapter, and loading
+    it makes the copy score as the trained policy; a full fine-tune's is every weight."""
+    trained = TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA)
+    rollout_side = copy.deepcopy(trained)
+    move_adapter(trained)
+    snap = sampling_weights(trained, nullcontext)
+    assert snap and all(".lora_" in k for k in snap)
+    assert set(snap) == set(adapter_state(trained.module()))
+    load_weights(rollout_side, snap)
+    r = trained.generate(PROMPTS, 2, GREEDY, [1, 2])
+    assert torch.equal(rollout_side.logprobs(r), trained.logprobs(r))
+    with pytest.raises(ValueError, match="does not fit"):
+        load_weights(rollout_side, dict(list(snap.items())[1:]))
+    full = TextPolicy.load(model_dir, max_prompt_tokens=16)
+    assert set(sampling_weights(full, nullcontext)) == set(full.module().state_dict())

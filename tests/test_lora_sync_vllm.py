@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from test_engines_vllm import PROMPTS, vllm_model_dir  # noqa: F401 (a fixture)
+from test_engines_vllm_vlm import prompts, vlm_dir  # noqa: F401 (a fixture)
 
 from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
@@ -20,6 +21,7 @@ from mmyatt.engines import ReplicaEngine, available
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.models.lora import adapter_tensors, base_weights, tensor_bytes
 from mmyatt.models.text import TextPolicy
+from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import Sampling
 
 needs_vllm = pytest.mark.skipif(
@@ -80,6 +82,30 @@ def test_real_vllm_lora_sync_sends_the_adapter_and_serves_it(vllm_model_dir):  #
         )
         assert torch.equal(streamed.actions, got.actions) and len(seen) == 2
         assert "sync/bytes" not in v.rollout_stats(streamed)  # nothing moved: no sync
+    finally:
+        v.close()
+
+
+@needs_vllm
+def test_real_vllm_vlm_lora_sync_serves_the_adapter(vlm_dir):  # noqa: F811
+    """Qwen2-VL (tiny, size base) on images and a clip: the adapter on its language model
+    goes to the engine alone, and the engine serves each version as the trainer runs it."""
+    policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=64, lora=LORA)
+    hf = VLMPolicy.load(vlm_dir, max_prompt_tokens=64, lora=LORA)
+    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vlm_dir))
+    s, ps, seeds = Sampling(max_new_tokens=6, greedy=True), prompts(), [1, 2, 3, 4]
+    adapter = tensor_bytes(adapter_tensors(policy.module()))
+    try:
+        hf.module().load_state_dict(policy.module().state_dict())
+        first = check_equal(v, hf, ps, s, seeds, "vlm fresh adapter (B = 0)")
+        move_adapter(policy, 0.3, 1)
+        hf.module().load_state_dict(policy.module().state_dict())
+        got = check_equal(v, hf, ps, s, seeds, "vlm adapter v2")
+        assert (
+            got.context["engine_logprobs"] - first.context["engine_logprobs"]
+        ).abs().max() > 1e-2
+        assert v.rollout_stats(got)["sync/bytes"] == adapter
     finally:
         v.close()
 

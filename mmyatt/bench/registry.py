@@ -30,6 +30,7 @@ BENCHES: dict[str, str] = {
     "genrm": "mmyatt.bench.genrm:bench_genrm",
     "data-sharding": "mmyatt.bench.data:bench_data_sharding",
     "engines": "mmyatt.bench.engines:bench_engines",
+    "lora-sync": "mmyatt.bench.lora_sync:bench_lora_sync",
     "placement": "mmyatt.placement.bench:bench_placement",
     # after placement: calibrated from, and validated against, placement's measured figures
     "placement-sim": "mmyatt.placement.simulate:bench_placement_sim",

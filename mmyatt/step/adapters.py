@@ -40,6 +40,11 @@ def _load_policy(m: ModelConfig, device: str | None = None):
     device = str(device or "cpu")
     if m.path is None:
         raise ValueError("model.path is unset: prepare_run() builds the tiny model first")
+    lora = None  # model.lora.rank > 0: a LoRA adapter trains, the base stays frozen
+    if m.lora.rank > 0:
+        lora = {"r": m.lora.rank, "alpha": m.lora.alpha}
+        if m.lora.target_modules:
+            lora["target_modules"] = list(m.lora.target_modules)
     if m.kind == "text":
         return TextPolicy.load(
             m.path,
@@ -48,6 +53,7 @@ def _load_policy(m: ModelConfig, device: str | None = None):
             prompt_overflow=m.prompt_overflow,
             use_chat_template=m.use_chat_template,
             device=device,
+            lora=lora,
         )
     if m.kind == "vlm":
         return VLMPolicy.load(
@@ -57,13 +63,11 @@ def _load_policy(m: ModelConfig, device: str | None = None):
             video_fps=m.video_fps,
             video_max_frames=m.video_max_frames,
             device=device,
+            lora=lora,
         )
     if m.kind == "flow":
         kw: dict = {"reference": m.reference}
-        if m.lora.rank > 0:
-            lora = {"r": m.lora.rank, "alpha": m.lora.alpha}
-            if m.lora.target_modules:
-                lora["target_modules"] = list(m.lora.target_modules)
+        if lora is not None:
             kw["lora"] = lora
         return FlowPolicy.load(m.path, **kw).to(device)
     raise NotImplementedError(f"model.kind={m.kind!r} is not wired into the engine")
