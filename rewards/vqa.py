@@ -127,24 +127,35 @@ def vqa_requests(genrm, outputs: Sequence[Any], records: Sequence[dict]) -> list
     return bodies
 
 
-def vqa_values(
+def expected_and_judged(
     genrm, responses: Sequence[dict], records: Sequence[dict], outputs: Sequence[Any]
-) -> list[list[float | None]]:
-    """Per sample, per question: P(expected answer), None where the response carries no
-    log-probabilities."""
+) -> list[list[tuple[str, Any]]]:
+    """Per sample, per question: (the expected answer, from the record's fields and a text
+    output; the judge's top (token, log-probability) pairs, None without them)."""
     nq = len(genrm.questions)
     out = []
     for i, record in enumerate(records):
         fields = dict(record)
         if isinstance(outputs[i], str):
             fields["output"] = outputs[i]
-        row: list[float | None] = []
-        for k, q in enumerate(genrm.questions):
-            pairs = top_pairs(responses[i * nq + k])
-            expected = q["answer"].format_map(fields)
-            row.append(None if pairs is None else answer_probability(pairs, expected))
-        out.append(row)
+        out.append(
+            [
+                (q["answer"].format_map(fields), top_pairs(responses[i * nq + k]))
+                for k, q in enumerate(genrm.questions)
+            ]
+        )
     return out
+
+
+def vqa_values(
+    genrm, responses: Sequence[dict], records: Sequence[dict], outputs: Sequence[Any]
+) -> list[list[float | None]]:
+    """Per sample, per question: P(expected answer), None where the response carries no
+    log-probabilities."""
+    return [
+        [None if pairs is None else answer_probability(pairs, expected) for expected, pairs in row]
+        for row in expected_and_judged(genrm, responses, records, outputs)
+    ]
 
 
 def vqa_answers(
@@ -153,16 +164,10 @@ def vqa_answers(
     """Per sample, what each question expected and what the judge answered (its most
     likely token, None without log-probabilities): ``{"expected": [...], "answers":
     [...]}``, for the rollout log next to the values."""
-    nq = len(genrm.questions)
-    out = []
-    for i, record in enumerate(records):
-        fields = dict(record)
-        if isinstance(outputs[i], str):
-            fields["output"] = outputs[i]
-        expected, answers = [], []
-        for k, q in enumerate(genrm.questions):
-            pairs = top_pairs(responses[i * nq + k])
-            expected.append(q["answer"].format_map(fields))
-            answers.append(max(pairs, key=lambda p: p[1])[0].strip() if pairs else None)
-        out.append({"expected": expected, "answers": answers})
-    return out
+    return [
+        {
+            "expected": [expected for expected, _ in row],
+            "answers": [max(p, key=lambda t: t[1])[0].strip() if p else None for _, p in row],
+        }
+        for row in expected_and_judged(genrm, responses, records, outputs)
+    ]
