@@ -157,3 +157,17 @@ def test_idle_is_nothing_for_one_controller():
     d = Dist()
     d.wait_for_slowest()
     assert d.idle_metrics() == {} and d.idle_s == 0.0
+
+
+def test_moving_goes_on_only_while_it_measures_faster():
+    b = _balancer()
+    b.exchanges = [(100.0, 1e-4), (300.0, 3e-4)]
+    b.realized = {"applied": [1.0], "held": []}  # moved once; holding not measured yet
+    assert not b._decide(_skewed()).applied
+    b.realized = {"applied": [1.2, 1.1], "held": [1.0]}  # moving measured slower
+    assert not b._decide(_skewed()).applied and b.declined == 2
+    b.realized = {"applied": [0.9], "held": [1.0, 1.05]}  # moving measured faster
+    assert b._decide(_skewed()).applied
+    b.realized = {"applied": [1.2], "held": [1.0]}
+    b.declined = 10  # after 10 declined steps, moving is tried once more
+    assert b._decide(_skewed()).applied and b.declined == 0

@@ -10,7 +10,9 @@ from Karmarkar-Karp on each group's own cost) that minimises the slowest rank's
 predicted update plus the predicted time of moving the groups; it is applied only when
 the predicted gain over keeping the groups where they are beats the exchange's own
 predicted time (fitted on measured exchanges, a fixed part and a part per element
-moved; before the first one is measured a positive gain is tried once). During the
+moved; before the first one is measured a positive gain is tried once), and only while
+the steps that moved groups measure a shorter update than the steps that did not, each
+over its own predicted update with the groups held (``_measured_check``). During the
 first ``placement.balance_fit_steps`` steps nothing moves: the update is measured and
 the model fitted (the first step, a warm-up, is not used). After every update the
 model's prediction of each rank's time is compared with the measured time, and the
@@ -20,7 +22,8 @@ model is refitted when they differ by more than ``placement.balance_refit_error`
 Logged: ``balance/applied``, ``balance/predicted_gain_s``, ``balance/predicted_exchange_s``,
 ``balance/predicted_s`` / ``balance/measured_s`` (slowest rank; per rank with
 ``/rank{i}``), ``balance/model_error`` (largest relative error over ranks),
-``balance/refit``, ``balance/exchange_s``; and on every multi-controller run the wait
+``balance/refit``, ``balance/exchange_s``, ``balance/realized_s`` (the update as it ran,
+from the plan to the end); and on every multi-controller run the wait
 at the gradient all-reduce, ``dist/idle_s/rank{i}`` and ``dist/idle_s`` (summed).
 """
 
@@ -52,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 WHEN = ("pays", "always")
 WINDOW = 400  # observations kept for fitting (the latest)
+RECENT = 5  # steps of each kind (moved, held) whose measured update decides
+RETRY = 10  # steps without moving, against the model's advice, before moving again once
 
 
 @dataclass
@@ -65,6 +70,7 @@ class Plan:
     stats: dict[str, float] = field(default_factory=dict)
     predicted: list[float] | None = None  # per rank, seconds (None: model not fitted)
     moved_elements: float = 0.0
+    held_slowest: float = 0.0  # predicted update with the groups where they are
 
 
 @dataclass
@@ -104,6 +110,11 @@ class Balancer:
         self._no_grad_calls = 0
         self._plan: Plan | None = None
         self._last_applied: bool | None = None
+        # measured update (plan to report) over the predicted update of holding, per step
+        # that moved groups and per step that did not: whether moving pays, measured
+        self.realized: dict[str, list[float]] = {"applied": [], "held": []}
+        self.declined = 0  # steps the measurements overruled the model since moving
+        self._t0 = 0.0
 
     # ------------------------------------------------------------------ measuring
     @contextmanager
@@ -150,6 +161,7 @@ class Balancer:
         box = [plan]
         tdist.broadcast_object_list(box, src=0)
         self._plan = box[0]
+        self._t0 = time.perf_counter()
         return self._plan
 
     def _decide(self, everyone: list) -> Plan:
@@ -181,9 +193,30 @@ class Balancer:
         explore = not self.exchanges  # nothing measured yet: try a positive gain once
         pays = (moved > 0 or encode) and gain > max(cost, 0.0)
         why = f"gain {gain:.4f} s, exchange {cost:.4f} s" + (" (first try)" if explore else "")
+        if pays:
+            pays, why = self._measured_check(why)
         if not pays:
             return self._finish(False, owner, shapes, owner, costs, held_s, stats, why)
         return self._finish(True, dest, target, owner, costs, held_s, stats, why)
+
+    def _measured_check(self, why: str) -> tuple[bool, str]:
+        """The model predicts a gain: does moving pay, measured? The updates of recent
+        steps that moved and that did not, each over its own predicted update with the
+        groups held (so the step's work cancels): moving goes on while its steps measure
+        less. Before both are measured, one of each is tried; after ``RETRY`` declined
+        steps, moving once more."""
+        moved, held = self.realized["applied"][-RECENT:], self.realized["held"][-RECENT:]
+        if not moved or self.declined >= RETRY:
+            self.declined = 0
+            return True, why + "; trying it"
+        if not held:
+            self.declined += 1
+            return False, why + "; measuring a step without moving first"
+        m, h = sum(moved) / len(moved), sum(held) / len(held)
+        if m < h:
+            return True, why + f"; measured {m:.3f} moving against {h:.3f} holding"
+        self.declined += 1
+        return False, why + f"; but measured {m:.3f} moving against {h:.3f} holding"
 
     def _finish(self, applied, dest, shapes, owner, costs, held_s, stats, why) -> Plan:
         """The plan with its stats: work before and after in token units (max/mean over
@@ -211,6 +244,7 @@ class Balancer:
             stats,
             [sum(t) + ng for t, ng in predicted] if self.model.fitted else None,
             float(sum(g.elements for g, _ in moved)),
+            _slowest(held_s),
         )
 
     def _predict(self, shapes, dest, P) -> list[tuple[list[float], float]]:
@@ -312,6 +346,14 @@ class Balancer:
         measured = [sum(t for _, _, t in obs) for obs, _ in everyone]
         plan = self._plan
         out = dict(plan.stats) if plan is not None else {}
+        if plan is not None:  # the update as it ran: exchange, passes, waits, optimizer
+            realized = time.perf_counter() - self._t0
+            out["balance/realized_s"] = realized
+            if plan.predicted is not None and plan.held_slowest > 0:
+                kind = "applied" if plan.applied and self.s.when == "pays" else "held"
+                self.realized[kind] = (self.realized[kind] + [realized / plan.held_slowest])[
+                    -RECENT:
+                ]
         if self.steps > 0:  # the first step warms up: not fitted on
             self.observations = (self.observations + [o for obs, _ in everyone for o in obs])[
                 -WINDOW:
@@ -347,6 +389,8 @@ class Balancer:
             "exchanges": [list(e) for e in self.exchanges],
             "steps": self.steps,
             "no_grad_passes": self.no_grad_passes,
+            "realized": {k: list(v) for k, v in self.realized.items()},
+            "declined": self.declined,
         }
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -357,6 +401,8 @@ class Balancer:
         self.exchanges = [(float(e), float(t)) for e, t in state["exchanges"]]
         self.steps = int(state["steps"])
         self.no_grad_passes = int(state["no_grad_passes"])
+        self.realized = {k: [float(x) for x in v] for k, v in state["realized"].items()}
+        self.declined = int(state["declined"])
 
 
 def _encoded(g: GroupShape) -> GroupShape:
