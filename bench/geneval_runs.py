@@ -2,12 +2,17 @@
 eval of each run, then mean and spread over the runs (seeds) of one recipe.
 
     python bench/geneval_runs.py RUN_DIR [RUN_DIR ...] --out results/geneval/NAME.json
+    python bench/geneval_runs.py --base PIPELINE --out results/geneval/base.json
 
 Per run, at the first eval (step 0, the base model) and the last: the judged reward on the
 held-out prompts (``genrm``), the independent checker (``geneval_check``) on held-out
 prompts overall and per kind and on seen ones, the one-object rule (``geneval_rule``),
 and the background texture as a ratio to the run's step-0 figure. The split is whatever
 the runs evaluated (``data.eval_split``, read from each run's config).
+
+``--base``: the base generator alone, the checker per kind on the validation and the test
+split (``pretrain_flow.evaluate_geneval``: ODE 20 steps, CFG 1, 80 held-out prompts and
+40 trained ones per split) and the background texture of the held-out samples.
 """
 
 from __future__ import annotations
@@ -78,11 +83,33 @@ def aggregate(runs: list[dict]) -> dict:
     return out
 
 
+def base_figures(path: str) -> dict:
+    """The checker per kind on both eval splits for a pipeline (``--base``)."""
+    import torch
+
+    from mmyatt.models.builtin.pretrain_flow import evaluate_geneval
+    from mmyatt.models.flow import FlowPolicy
+
+    torch.set_num_threads(1)
+    policy = FlowPolicy.load(path)
+    out: dict = {"model": path, "sampling": "ODE, 20 steps, CFG 1"}
+    for split in ("val", "test"):
+        out[split] = evaluate_geneval(policy, split=split, with_texture=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("runs", nargs="*", type=Path)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--base", help="a pipeline directory: figures of the base generator")
     a = ap.parse_args()
+    if a.base:
+        result = base_figures(a.base)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result))
+        return
     runs = [read_run(r) for r in a.runs]
     result = {"n_runs": len(runs), "summary": aggregate(runs), "runs": runs}
     a.out.parent.mkdir(parents=True, exist_ok=True)

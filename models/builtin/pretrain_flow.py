@@ -85,6 +85,7 @@ from mmyatt.rewards.image import (
     prompt_alignment_rule,
     shape_match,
 )
+from mmyatt.rewards.quality import texture
 from mmyatt.step.lr_schedule import cosine_schedule
 
 logger = logging.getLogger(__name__)
@@ -161,10 +162,12 @@ def evaluate_geneval(
     seed: int = 0,
     denoise_steps: int = 20,
     batch: int = 16,
+    with_texture: bool = False,
 ) -> dict[str, dict]:
     """ODE (greedy) samples for ``n`` prompts of ``split``'s held-out combinations of the
     tiny GenEval and ``n // 2`` trained ones ("val" to choose, "test" to report); the
-    independent checker's accuracy per kind: {"heldout": {...}, "seen": {...}}."""
+    independent checker's accuracy per kind: {"heldout": {...}, "seen": {...}}
+    (``with_texture``: each also with "background_hf", the mean of ``quality.texture``)."""
 
     sets = {
         "heldout": geneval_records(n, seed + 101, heldout=split),
@@ -174,13 +177,16 @@ def evaluate_geneval(
     out = {}
     with torch.no_grad():
         for name, recs in sets.items():
-            verdicts = []
+            verdicts, bg = [], []
             for i in range(0, len(recs), batch):
                 chunk = recs[i : i + batch]
                 seeds = [prompt_seed(seed, r["id"]) for r in chunk]
                 images = policy.generate(chunk, 1, sampling, seeds).outputs
                 verdicts += [geneval_check(o, r) for o, r in zip(images, chunk)]
+                bg += [texture(o)["background_hf"] for o in images]
             out[name] = accuracy_by_kind(recs, verdicts)
+            if with_texture:
+                out[name]["background_hf"] = float(np.nanmean(bg))
     return out
 
 
