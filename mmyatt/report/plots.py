@@ -39,6 +39,13 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+def _step_axis(ax, title: str, **title_style) -> None:
+    """``title`` over an x-axis of whole steps."""
+    ax.set_title(title, **title_style)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_distinct(ax, curves: list[tuple[pd.Series, str]], **style) -> None:
     """Plot each (series, label); a series equal to one already drawn is not drawn again
     on top of it (where it would hide, or be hidden by, the other) but named in that
@@ -90,9 +97,7 @@ def reward_curves(metrics: pd.DataFrame, bounds: tuple[float, float] | None = No
         if bounds is not None:
             low, high = low.clip(lower=bounds[0]), high.clip(upper=bounds[1])
         ax.fill_between(m.index, low, high, alpha=0.15, label="± std")
-    ax.set_title("training reward")
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(ax, "training reward")
     if ax.lines:
         ax.legend(fontsize=8)
     else:
@@ -103,9 +108,7 @@ def reward_curves(metrics: pd.DataFrame, bounds: tuple[float, float] | None = No
         if k in metrics:
             evals.append(k)
     plot_distinct(bx, [(_series(metrics, k), k) for k in evals], marker="o", lw=1.2)
-    bx.set_title("evaluation")
-    bx.set_xlabel("step")
-    bx.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(bx, "evaluation")
     if bx.lines:
         bx.legend(fontsize=8)
     else:
@@ -139,9 +142,7 @@ def component_curves(metrics: pd.DataFrame) -> Figure:
         if f"eval/reward/{name}" in metrics:
             s = _series(metrics, f"eval/reward/{name}")
             ax.plot(s.index, s.values, marker="o", lw=1.2, label="eval")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _step_axis(ax, name, fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -162,9 +163,7 @@ def timing_plot(metrics: pd.DataFrame) -> Figure:
         if "timing/step_s" in rows:
             ax.plot(rows["step"], rows["timing/step_s"], color="black", lw=1, label="whole step")
         ax.legend(fontsize=8, loc="upper left", ncol=3)
-    ax.set_title("seconds per step, by phase")
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(ax, "seconds per step, by phase")
     fig.tight_layout()
     return fig
 
@@ -206,15 +205,11 @@ def group_spread_plot(spread: pd.DataFrame) -> Figure:
     by_step = spread.groupby("step")
     ax.plot(by_step["std"].mean(), marker="o", label="mean within-group std")
     ax.plot(by_step["range"].mean(), marker="s", label="mean within-group range")
-    ax.set_title("spread within prompt groups")
-    ax.set_xlabel("step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(ax, "spread within prompt groups")
     ax.legend(fontsize=8)
     bx.plot(by_step["flat"].mean(), marker="o", color="#c44e52")
     bx.set_ylim(-0.05, 1.05)
-    bx.set_title("share of groups with equal rewards")
-    bx.set_xlabel("step")
-    bx.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _step_axis(bx, "share of groups with equal rewards")
     fig.tight_layout()
     return fig
 
