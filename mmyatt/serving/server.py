@@ -231,12 +231,12 @@ def build_app(server: JudgeServer) -> FastAPI:
             raise APIError(str(error)) from error
         except Exception as error:  # noqa: BLE001 - reported to the client as a 500
             raise APIError(f"judge model error: {type(error).__name__}: {error}", 500) from error
-        return ChatCompletion(
+        return ChatCompletion.model_construct(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(time.time()),
             model=server.model_name,
             choices=choices(work, result),
-            mmyatt=Timing(
+            mmyatt=Timing.model_construct(
                 model_time_ms=result.model_time_s * 1000.0,
                 batch_size=result.batch_size,
                 queue_ms=result.queue_s * 1000.0,
@@ -325,12 +325,15 @@ def to_work(req: ChatRequest, server: JudgeServer) -> Work:
     return Work(messages, max_tokens, temperature, bool(req.logprobs), top, req.n, req.seed)
 
 
-def _logprob(token: str, logprob: float) -> dict:
+def _logprob(token: str, logprob: float, cls=TopLogprob, **more):
     # -inf (a token the model cannot emit) as vLLM writes it: JSON has no infinity
-    return {"token": token, "logprob": max(logprob, -9999.0), "bytes": list(token.encode())}
+    logprob = max(logprob, -9999.0)
+    return cls.model_construct(token=token, logprob=logprob, bytes=list(token.encode()), **more)
 
 
 def choices(work: Work, result: Result) -> list[Choice]:
+    """The answer's choices, built from values this server made (``model_construct``:
+    not validated again)."""
     out = []
     for j in range(work.n):
         if work.next_token_only:
@@ -342,11 +345,17 @@ def choices(work: Work, result: Result) -> list[Choice]:
             finish = "length" if len(logprobs) >= work.max_tokens else "stop"
         logprobs = None
         if work.logprobs and result.top is not None:
-            top = [TopLogprob(**_logprob(t, v)) for t, v in result.top[: work.top_logprobs]]
-            chosen = TokenLogprob(**_logprob(token, logprob), top_logprobs=top)
-            logprobs = ChoiceLogprobs(content=[chosen])
-        message = AssistantMessage(content=token)
-        out.append(Choice(index=j, message=message, logprobs=logprobs, finish_reason=finish))
+            top = [_logprob(t, v) for t, v in result.top[: work.top_logprobs]]
+            chosen = _logprob(token, logprob, TokenLogprob, top_logprobs=top)
+            logprobs = ChoiceLogprobs.model_construct(content=[chosen])
+        out.append(
+            Choice.model_construct(
+                index=j,
+                message=AssistantMessage.model_construct(content=token),
+                logprobs=logprobs,
+                finish_reason=finish,
+            )
+        )
     return out
 
 
