@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine checks on a GPU machine (one H200): `pytest -m gpu` on the engines,
 # `mmyatt bench engines` (Qwen2.5-0.5B config, random weights; a 2B-shaped Qwen2-VL step
-# with images) and its decode arms (today's HF decode, fixed-shape, compiled as CUDA
+# with images) and its decode arms (the default HF decode, fixed-shape, compiled as CUDA
 # graphs: `python -m mmyatt.bench.engines --decode`). About 9-12 minutes; run from the
 # repository root:
 #     bash bench/gpu_engines.sh            # results in $OUT, or bench_out/ when OUT is unset
@@ -27,6 +27,6 @@ python3 - "$OUT/engines_decode.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 for name, a in {**r["arms"], **r.get("vlm_arms", {})}.items():
-    print(name, round(a["rollout_tokens_per_s"], 1), "tokens/s", a.get("same_samples_as_today"))
-print("over today's path:", r.get("rollout_speed_over_today"), "skipped:", r["skipped"])
+    print(name, round(a["rollout_tokens_per_s"], 1), "tokens/s", a.get("same_samples_as_default"))
+print("over the default path:", r.get("rollout_speed_over_default"), "skipped:", r["skipped"])
 PY

@@ -10,7 +10,7 @@
 #   3. `mmyatt bench engines`: text rollout and update (Qwen2.5-0.5B shape, 16 prompts x
 #      8 samples x 256 tokens), model FLOP/s and MFU per phase, and a Qwen2-VL step;
 #   4. the HF decode paths side by side (`python -m mmyatt.bench.engines --decode`):
-#      today's steps, fixed-shape steps over a kept cache (rollout.hf_static_cache) and
+#      the default steps, fixed-shape steps over a kept cache (rollout.hf_static_cache) and
 #      those compiled as CUDA graphs (rollout.compile_decode), text and VLM, same shapes:
 #      rollout tokens/s of each, their ratios, and whether they draw the same samples;
 #   5. peak memory of scoring the taken tokens from 16 x 288 x 152 k bf16 logits: the
@@ -165,8 +165,8 @@ for key, file in (("flow_real", "flow_real.json"), ("engines", "engines.json"),
 )
 print(f"[gpu_run] figures -> {out / 'gpu_figures.json'}")
 if figures["decode"]:
-    print("[gpu_run]   decode tokens/s over today's path:",
-          figures["decode"].get("rollout_speed_over_today"))
+    print("[gpu_run]   decode tokens/s over the default path:",
+          figures["decode"].get("rollout_speed_over_default"))
 for name, p in parts.items():
     print(f"[gpu_run]   {name}: {p}")
 PY

@@ -1,5 +1,5 @@
 """models/fast_decode.py: fixed-shape decode steps over a kept cache, compiled or not,
-draw the same samples as today's decode (text: the growing static-cache step; VLM: the
+draw the same samples as the default decode (text: the growing static-cache step; VLM: the
 model's own forward) for a fixed seed, greedy and sampled, with left-padded prompts."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _vlm_prompts():
 
 
 def _both(policy, prompts, sampling, static_cache=True, compile_step=False, backend=None):
-    """(today's rollout, the fixed-shape one), same prompts and seeds."""
+    """(the default rollout, the fixed-shape one), same prompts and seeds."""
     seeds = list(range(3, 3 + len(prompts)))
     policy.set_decode(False)
     base = policy.generate([dict(p) for p in prompts], 2, sampling, seeds)

@@ -19,10 +19,10 @@ rollout + FSDP2 update, with the same timings. Every figure is measured here; ar
 cannot run (vLLM not installed, no CUDA for MFU) are reported as skipped with the reason.
 
 ``decode=True`` (``python -m mmyatt.bench.engines --decode``) compares the HF decode
-paths instead, same shapes, one run: today's steps, the fixed-shape steps over a kept
+paths instead, same shapes, one run: the default steps, the fixed-shape steps over a kept
 cache (``rollout.hf_static_cache``) and those compiled (``rollout.compile_decode``: CUDA
 graphs on a GPU), for the text policy and the VLM (replica engine), with the ratios of
-their rollout tokens/s and how many rows draw the very same tokens as today's path.
+their rollout tokens/s and how many rows draw the very same tokens as the default path.
 """
 
 from __future__ import annotations
@@ -144,11 +144,11 @@ def _peak_flops(device: str) -> float | None:
     return peak_bf16_flops(torch.cuda.get_device_name(0)) if device.startswith("cuda") else None
 
 
-def _agreement(today: Rollout, fast: Rollout) -> dict:
+def _agreement(default: Rollout, fast: Rollout) -> dict:
     """How many rows drew the very same tokens, and the largest log-prob gap where they
-    did (today's decode path against the fixed-shape one, same seeds)."""
-    same = (today.actions == fast.actions).all(1) & (today.mask == fast.mask).all(1)
-    gap = (today.logprobs - fast.logprobs).abs().amax(1)
+    did (the default decode path against the fixed-shape one, same seeds)."""
+    same = (default.actions == fast.actions).all(1) & (default.mask == fast.mask).all(1)
+    gap = (default.logprobs - fast.logprobs).abs().amax(1)
     return {
         "rows_same_tokens": float(same.float().mean()),
         "max_logprob_gap_same_rows": float(gap[same].max()) if bool(same.any()) else None,
@@ -174,7 +174,7 @@ def run_arm(
     ``mmyatt.step.batches.token_micro_batches``) through ``build_engines``; medians over
     the steps after the first (warm-up, and the compile of a compiled decode step:
     ``rollout_first_s``). With ``rollout.hf_static_cache`` in ``overrides``, the first
-    rollout is drawn again through today's decode path to compare the samples.
+    rollout is drawn again through the default decode path to compare the samples.
     ``language_model(module)``: the part whose FLOPs count (a VLM's language model)."""
 
     cfg = load_config(None, overrides)
@@ -201,7 +201,7 @@ def run_arm(
         _sync(device)
         t1 = time.perf_counter()
         if step == 0 and cfg.rollout.hf_static_cache:
-            fast, raw.fast_decode = raw.fast_decode, None  # today's path, once
+            fast, raw.fast_decode = raw.fast_decode, None  # the default path, once
             agreement = _agreement(raw.generate(recs, group, sampling, list(range(prompts))), r)
             raw.fast_decode = fast  # (not timed: the update's clock starts below)
         adv = torch.randn(len(r), generator=g)
@@ -261,7 +261,7 @@ def run_arm(
         out["update_mfu"] = mfu(fu, upd, peak)
         out["update_mfu_6n_padded"] = 6 * n_params * statistics.median(tok_proc) / upd / peak
     if agreement is not None:
-        out["same_samples_as_today"] = agreement
+        out["same_samples_as_default"] = agreement
     for k in ("rollout/weight_sync_s", "rollout/sleep_s", "rollout/wake_s"):
         vals = [s[k] for s in syncs if k in s]
         if vals:
@@ -357,7 +357,7 @@ def bench_engines(
             )
         if decode:
             out["vlm_arms"] = {}
-            for name, ov in (("today", []), ("compiled", COMPILED), ("static", FAST)):
+            for name, ov in (("default", []), ("compiled", COMPILED), ("static", FAST)):
                 try:
                     out["vlm_arms"][f"vlm_replica_{name}"] = bench_vlm(
                         Path(tmp) / "vlm",
@@ -371,7 +371,7 @@ def bench_engines(
                     out["skipped"][f"vlm_replica_{name}"] = f"{type(e).__name__}: {e}"[:500]
                 if on_arm is not None:
                     on_arm(out)
-            out["rollout_speed_over_today"] = _speedups(a, out["vlm_arms"])
+            out["rollout_speed_over_default"] = _speedups(a, out["vlm_arms"])
         else:
             try:
                 out["vlm_fsdp2"] = bench_vlm(Path(tmp) / "vlm", cuda, device, quick)
@@ -382,13 +382,16 @@ def bench_engines(
 
 
 def _speedups(text: dict, vlm: dict) -> dict:
-    """Rollout tokens/s of each fast decode arm over today's path, text and VLM."""
+    """Rollout tokens/s of each fast decode arm over the default path, text and VLM."""
     out = {}
-    for arms, today, prefix in ((text, "hf_replica", "text"), (vlm, "vlm_replica_today", "vlm")):
+    for arms, base_arm, prefix in (
+        (text, "hf_replica", "text"),
+        (vlm, "vlm_replica_default", "vlm"),
+    ):
         for name in ("static", "compiled"):
             fast = next((a for k, a in arms.items() if k.endswith(name)), None)
-            if fast is not None and today in arms:
-                base = arms[today]["rollout_tokens_per_s"]
+            if fast is not None and base_arm in arms:
+                base = arms[base_arm]["rollout_tokens_per_s"]
                 out[f"{prefix}_{name}"] = fast["rollout_tokens_per_s"] / base
     return out
 
