@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
 from .tokenizer import train_bpe_tokenizer
 
@@ -97,7 +97,7 @@ def build_tiny_text_model(
     # Seed a private RNG stream so building a model never moves the caller's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)  # the class loads on first use
     model.generation_config = GenerationConfig(
         eos_token_id=eos, bos_token_id=eos, pad_token_id=pad, do_sample=True
     )
