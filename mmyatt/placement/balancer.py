@@ -142,8 +142,12 @@ class Balancer:
 
         return run
 
-    def parts(self, r: Rollout | None) -> list[list[int]]:
-        """Rows of ``r`` in length buckets of whole groups (``cost_model.length_buckets``)."""
+    def parts(self, r: Rollout | None) -> list[list[int]] | None:
+        """Rows of ``r`` in length buckets of whole groups (``cost_model.length_buckets``)
+        on a step whose plan moved groups; None on any other (the update runs as without
+        balancing: a rank's own groups need no buckets, and extra calls cost)."""
+        if self._plan is None or not self._plan.applied:
+            return None
         if r is None or len(r) == 0:
             return []
         slices = r.group_slices()
@@ -169,7 +173,7 @@ class Balancer:
         shapes = [[g for r in range(P) for g in everyone[r][0][j]] for j in range(m)]
         owner = [[r for r in range(P) for _ in everyone[r][0][j]] for j in range(m)]
         costs = [[c for r in range(P) for c in everyone[r][1][j]] for j in range(m)]
-        held_s = self._predict(shapes, owner, P)
+        held_s = self._predict(shapes, owner, P, bucketed=False)
         stats: dict[str, float] = {}
         if self.s.when == "always":
             dest = [self.choose_tokens(costs[j], owner[j], P) for j in range(m)]
@@ -182,7 +186,7 @@ class Balancer:
         target = [[_encoded(g) for g in mb] for mb in shapes] if encode else shapes
         per_el = self._exchange_rate()
         dest = [self._search(target[j], owner[j], P, per_el[1]) for j in range(m)]
-        new_s = self._predict(target, dest, P)
+        new_s = self._predict(target, dest, P, bucketed=True)
         moved = sum(
             g.elements for j in range(m) for g, a, b in zip(shapes[j], owner[j], dest[j]) if a != b
         )
@@ -222,7 +226,7 @@ class Balancer:
         """The plan with its stats: work before and after in token units (max/mean over
         ranks), samples moved, the decision."""
         P = len(held_s)
-        predicted = self._predict(shapes, dest, P) if applied else held_s
+        predicted = self._predict(shapes, dest, P, bucketed=True) if applied else held_s
         level = logging.INFO if applied != self._last_applied else logging.DEBUG
         self._last_applied = applied
         verb = "moving groups" if applied else "no move"
@@ -247,13 +251,14 @@ class Balancer:
             _slowest(held_s),
         )
 
-    def _predict(self, shapes, dest, P) -> list[tuple[list[float], float]]:
+    def _predict(self, shapes, dest, P, bucketed: bool) -> list[tuple[list[float], float]]:
         """Per rank: predicted training seconds per minibatch and no-grad seconds."""
         out = []
         for r in range(P):
             mbs = [[g for g, d in zip(shapes[j], dest[j]) if d == r] for j in range(len(shapes))]
+            s = self.s
             out.append(
-                rank_seconds(self.model, mbs, self.s.epochs, self.no_grad_passes, self.s.budget)
+                rank_seconds(self.model, mbs, s.epochs, self.no_grad_passes, s.budget, bucketed)
             )
         return out
 

@@ -221,21 +221,32 @@ def rank_seconds(
     epochs: int,
     no_grad_passes: int,
     budget: int = 0,
+    bucketed: bool = True,
 ) -> tuple[list[float], float]:
     """A rank's predicted update: per minibatch, ``epochs`` training passes over its
-    length buckets; and the no-grad passes (recomputed log-probs, reference) over all
-    its groups at once, ``no_grad_passes`` of them."""
+    micro-batches (``cut``); and the no-grad passes (recomputed log-probs, reference)
+    over all its groups at once, ``no_grad_passes`` of them."""
     train = [
-        epochs * sum(model.predict(features([mb[i] for i in b])) for b in cut(model, mb, budget))
+        epochs
+        * sum(model.predict(features([mb[i] for i in b])) for b in cut(model, mb, budget, bucketed))
         for mb in minibatches
     ]
     every = [g for mb in minibatches for g in mb]
     ng = no_grad_passes * sum(
-        model.predict(features([every[i] for i in b]), "no_grad") for b in cut(model, every, budget)
+        model.predict(features([every[i] for i in b]), "no_grad")
+        for b in cut(model, every, budget, bucketed)
     )
     return train, ng
 
 
-def cut(model: CostModel, groups: Sequence[GroupShape], budget: int = 0) -> list[list[int]]:
-    """The length buckets the update runs ``groups`` in, by ``model``'s training cost."""
-    return length_buckets(groups, model.predict, budget)
+def cut(
+    model: CostModel, groups: Sequence[GroupShape], budget: int = 0, bucketed: bool = True
+) -> list[list[int]]:
+    """The micro-batches the update runs ``groups`` in: length buckets by ``model``'s
+    training cost; or, ``bucketed`` False (a step that moved nothing runs as without
+    balancing), one pass, or with a ``budget`` the fewest runs within it."""
+    if bucketed:
+        return length_buckets(groups, model.predict, budget)
+    if budget <= 0:
+        return [list(range(len(groups)))] if groups else []
+    return length_buckets(groups, lambda x: x[0], budget)

@@ -193,9 +193,10 @@ def in_micro_batches(fn, r: Rollout, parts: list[list[int]], idle) -> torch.Tens
 class MicroBatches:
     """``algorithm.micro_batch_tokens``: a minibatch's passes cut into micro-batches of at
     most that many padded tokens, as many on every rank; 0 runs one pass. With a
-    ``planner`` (``placement.balance``: the balancer's cost model) the passes run in
-    length buckets of whole groups instead (``cost_model.length_buckets``, within the
-    budget when there is one), each timed for the model."""
+    ``planner`` (``placement.balance``: the balancer's cost model) every pass is timed for
+    the model, and on a step that moved groups the passes run in length buckets of whole
+    groups instead (``cost_model.length_buckets``, within the budget when there is one),
+    so that long and short groups on one rank do not pad each other."""
 
     def __init__(self, budget: int, lockstep: Lockstep, planner=None):
         self.budget, self.lockstep, self.planner = budget, lockstep, planner
@@ -205,9 +206,9 @@ class MicroBatches:
         return self.budget > 0 or self.planner is not None
 
     def parts(self, r: Rollout | None) -> list[list[int]]:
-        if self.planner is None:
+        parts = self.planner.parts(r) if self.planner is not None else None
+        if parts is None:  # no planner, or a step that moved no groups
             return micro_parts(r, self.budget, self.lockstep.dist, self.lockstep.active)
-        parts = self.planner.parts(r)
         if not self.lockstep.active:  # passes are local: each rank runs its own count
             return parts
         count = max(self.lockstep.dist.gather_ints(len(parts)))
