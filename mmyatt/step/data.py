@@ -105,53 +105,31 @@ def _synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Pat
             "(shapes_t2i, motion_t2v and geneval_t2i do); point data.eval at your own "
             "validation file"
         )
+    # every writer's split sizes and seed; the VQA tasks and arithmetic also write a
+    # validation split of the warm start's check size (their eval split is reported)
+    size = {
+        "n_train": cfg.data.synthetic_train_size,
+        "n_eval": cfg.data.synthetic_eval_size,
+        "seed": cfg.trainer.seed,
+    }
     if task == "arithmetic":
-        return write_arithmetic_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            n_val=cfg.sft.eval_prompts,
-        )
+        return write_arithmetic_task(out_dir, **size, n_val=cfg.sft.eval_prompts)
     if task in ("shapes_vqa", "motion_vqa"):
-        write = (
+        vqa = (
             vision_tasks.write_shape_task
             if task == "shapes_vqa"
             else vision_tasks.write_motion_task
         )
-        p = write(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            n_val=cfg.sft.eval_prompts,
-        )
+        p = vqa(out_dir, **size, n_val=cfg.sft.eval_prompts)
         return p["train"], p["eval"]
-    if task == "describe":
-        p = write_describe_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            **writer_kwargs,
-        )
-        return p["train"], p[cfg.data.eval_split]
-    if task in ("shapes_t2i", "motion_t2v"):
-        p = shapes.write_shape_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-            video=task == "motion_t2v",
-        )
-        return p["train"], p[cfg.data.eval_split]
-    if task == "geneval_t2i":
-        p = write_geneval_task(
-            out_dir,
-            n_train=cfg.data.synthetic_train_size,
-            n_eval=cfg.data.synthetic_eval_size,
-            seed=cfg.trainer.seed,
-        )
+    writers = {
+        "describe": partial(write_describe_task, **writer_kwargs),
+        "shapes_t2i": partial(shapes.write_shape_task, video=False),
+        "motion_t2v": partial(shapes.write_shape_task, video=True),
+        "geneval_t2i": write_geneval_task,
+    }
+    if task in writers:
+        p = writers[task](out_dir, **size)
         return p["train"], p[cfg.data.eval_split]
     raise ValueError(
         f"unknown synthetic task {task!r}; available: arithmetic, shapes_vqa, motion_vqa, "
