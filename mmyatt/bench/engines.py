@@ -286,9 +286,11 @@ def bench_engines(
     tokens: int | None = None,
     compile_backend: str | None = None,
     on_arm=None,
+    steps: int = 3,
 ) -> dict:
     """The engines' arms (module docstring); ``decode``: the HF decode paths instead.
-    ``tokens``: the action budget (default by device); ``compile_backend``: the compiled
+    ``tokens``: the action budget, the VLM's too (default by device); ``steps``: per arm,
+    the first a warm-up, medians over the rest; ``compile_backend``: the compiled
     decode arms' torch.compile backend (default inductor; "eager" checks the capture
     alone, without a compiler's minutes on the CPU). ``on_arm(result)``: called with the
     result so far after each arm (a caller under a time limit writes it)."""
@@ -296,8 +298,8 @@ def bench_engines(
     device = "cuda:0" if cuda else "cpu"
     size = size or ("qwen2.5-0.5b" if cuda else "tiny")
     dtype = torch.bfloat16 if cuda else torch.float32
+    vlm_tokens = tokens  # the VLM's own default unless asked
     prompts, group, tokens = _shapes(cuda, quick, tokens)
-    steps = 3
     out: dict = {
         "benchmark": "engines-decode" if decode else "engines",
         "machine": machine(),
@@ -366,6 +368,8 @@ def bench_engines(
                         quick,
                         ["train.backend=replica", *ov],
                         compile_backend=compile_backend,
+                        tokens=vlm_tokens,
+                        steps=steps,
                     )
                 except Exception as e:
                     out["skipped"][f"vlm_replica_{name}"] = f"{type(e).__name__}: {e}"[:500]
@@ -374,7 +378,9 @@ def bench_engines(
             out["rollout_speed_over_default"] = _speedups(a, out["vlm_arms"])
         else:
             try:
-                out["vlm_fsdp2"] = bench_vlm(Path(tmp) / "vlm", cuda, device, quick)
+                out["vlm_fsdp2"] = bench_vlm(
+                    Path(tmp) / "vlm", cuda, device, quick, tokens=vlm_tokens, steps=steps
+                )
             except Exception as e:
                 out["skipped"]["vlm_fsdp2"] = f"{type(e).__name__}: {e}"[:500]
     out["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -397,7 +403,14 @@ def _speedups(text: dict, vlm: dict) -> dict:
 
 
 def bench_vlm(
-    out: Path, cuda: bool, device: str, quick: bool, overrides=None, compile_backend=None
+    out: Path,
+    cuda: bool,
+    device: str,
+    quick: bool,
+    overrides=None,
+    compile_backend=None,
+    tokens: int | None = None,
+    steps: int = 3,
 ) -> dict:
     """A VLM GRPO-shaped step with images: HF rollout + an update (FSDP2 by default)."""
     from PIL import Image
@@ -421,14 +434,14 @@ def bench_vlm(
             for i in range(n)
         ]
 
-    tokens = 64 if cuda else 8
+    tokens = tokens or (64 if cuda else 8)
     return run_arm(
         make,
         [*(overrides or ["train.backend=fsdp2"]), "model.kind=vlm"],
         prompts=16 if cuda and not quick else 4,
         group=4,
         tokens=tokens,
-        steps=3,
+        steps=steps,
         device=device,
         records=vlm_records,
         micro_batch_tokens=16 * (48 + tokens),
@@ -443,6 +456,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the small shapes the tests use")
     ap.add_argument("--decode", action="store_true", help="the HF decode paths side by side")
     ap.add_argument("--tokens", type=int, help="action budget per sample")
+    ap.add_argument("--steps", type=int, default=3, help="per arm, the first a warm-up")
     ap.add_argument("--compile-backend", help="torch.compile backend of the compiled arms")
     ap.add_argument("--out", help="write the result (JSON) here")
     a = ap.parse_args(argv)
@@ -458,6 +472,7 @@ def main(argv=None) -> int:
         tokens=a.tokens,
         compile_backend=a.compile_backend,
         on_arm=on_arm,
+        steps=a.steps,
     )
     if a.out:
         write_result(result, a.out)
