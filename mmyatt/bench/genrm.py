@@ -20,55 +20,36 @@ sends it the ``yes_prob`` requests of a :class:`GenRMReward` through the
 
 Each figure keeps its best round (``runs`` holds every round's): these machines are
 shared, and the model alone is measured in every round between the server's turns so
-that other work hits both alike. The side-by-side with an earlier revision of the code
-is a second checkout's ``mmyatt bench genrm`` run in alternating rounds.
+that other work hits both alike.
+
+:func:`side_by_side` (``python -m mmyatt.bench.genrm --baseline DIR --pairs 8 --out F``)
+sets this checkout's judge serving beside another checkout's (``DIR``, e.g. ``git
+worktree add /tmp/old REV``): the same requests, each arm's own server, pool and client
+(:mod:`mmyatt.bench.genrm_arm`, one process per arm, the same Python environment), in
+pairs of rounds whose order alternates; the ratio of each pair and their median per
+in-flight level, with the load average around each pair.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from mmyatt.bench import genrm_arm
+from mmyatt.bench.genrm_arm import CORPUS, request_bodies, requests_per_s
+from mmyatt.bench.runs import ROOT, measured_on
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.judge import TextJudge
-from mmyatt.rewards.genrm import GenRMReward
-from mmyatt.serving.client import JudgeClient
 from mmyatt.serving.pool import JudgePool
-
-CORPUS = [
-    "Question: what is 12 plus 34? Answer: 46. Is the answer correct? Yes",
-    "Question: what is 7 times 8? Answer: 54. Is the answer correct? No",
-    "Does this image show a red square? Answer Yes or No.",
-] * 40
-
-
-def request_bodies(n: int) -> list[dict]:
-    """``n`` chat-completion bodies of a ``yes_prob`` GenRMReward, without ``model``
-    (the client asks the server's ``/v1/models`` for the served name)."""
-    outputs = [f"{(i * 37) % 200}" for i in range(n)]
-    records = [{"prompt": f"what is {i % 50} plus {(i * 7) % 50}?"} for i in range(n)]
-    reward = GenRMReward("http://127.0.0.1:9", template="yes_no_correct", model="judge")
-    return [{k: v for k, v in b.items() if k != "model"} for b in reward.requests(outputs, records)]
-
-
-def requests_per_s(url: str, bodies: list[dict], in_flight: int) -> tuple[float, float, list]:
-    """(req/s, client CPU ms per request, the server-reported model ms of each answer) of
-    ``bodies`` sent with ``in_flight`` requests at once, after a warm-up."""
-    with JudgeClient([url], max_in_flight=in_flight, timeout_s=120) as client:
-        client.chat_many(bodies[: min(len(bodies), in_flight, 8)])  # connections, model name
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        if in_flight == 1:
-            answers = [client.chat(b) for b in bodies]
-        else:
-            answers = client.chat_many(bodies)
-        elapsed = time.perf_counter() - t0
-        cpu_ms = (time.process_time() - cpu0) / len(bodies) * 1000.0
-    return len(bodies) / elapsed, cpu_ms, [a["mmyatt"]["model_time_ms"] for a in answers]
 
 
 class ModelOnly:
@@ -152,3 +133,78 @@ def bench_genrm(quick: bool = False) -> dict:
     result["new_server"] = {k: stats.get(k) for k in keys}
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return result
+
+
+def _arm(root: Path, n1: int, n32: int, threads: int) -> subprocess.Popen:
+    """One arm's process (:mod:`mmyatt.bench.genrm_arm` on ``root``'s code), started."""
+    if (root / "rewards").is_dir() and not (root / "mmyatt" / "rewards").exists():
+        # a revision whose pyproject mapped mmyatt.models / .rewards / .datasets to
+        # top-level folders: linked into its package so that PYTHONPATH finds them
+        for name in ("models", "rewards", "datasets"):
+            (root / "mmyatt" / name).symlink_to(Path("..") / name)
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, genrm_arm.__file__, str(n1), str(n32), str(threads)]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if not json.loads(proc.stdout.readline() or "{}").get("ready"):
+        proc.kill()
+        raise RuntimeError(f"the genrm arm on {root} did not start")
+    return proc
+
+
+def _round(proc: subprocess.Popen) -> dict:
+    proc.stdin.write(b"round\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())
+
+
+def side_by_side(baseline: str | Path, pairs: int = 8, quick: bool = False) -> dict:
+    """This checkout's judge serving against ``baseline``'s (see the module docstring)."""
+    n1, n32 = (20, 64) if quick else (200, 512)
+    threads = 1 if (os.cpu_count() or 1) <= 4 else 4
+    roots = {"baseline": Path(baseline).resolve(), "this": ROOT}
+    procs: dict[str, subprocess.Popen] = {}
+    rows = []
+    try:
+        for name, root in roots.items():
+            procs[name] = _arm(root, n1, n32, threads)
+        for p in range(pairs):
+            order = ("baseline", "this") if p % 2 == 0 else ("this", "baseline")
+            load = [round(x, 2) for x in os.getloadavg()]
+            row = {"order": order, "load_average_before": load}
+            row |= {name: _round(procs[name]) for name in order}
+            row["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+            for n in ("1", "32"):
+                key = f"req_per_s_{n}"
+                row[f"ratio_{n}"] = row["this"][key] / row["baseline"][key]
+            rows.append(row)
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+            proc.wait(timeout=60)
+    out: dict = {"benchmark": "genrm side by side", "requests_1": n1, "requests_32": n32}
+    out["server_threads"] = threads
+    for n in ("1", "32"):
+        out[f"median_ratio_{n}"] = statistics.median(r[f"ratio_{n}"] for r in rows)
+        for name in roots:
+            figures = [r[name][f"req_per_s_{n}"] for r in rows]
+            out[f"{name}_median_req_per_s_{n}"] = statistics.median(figures)
+    return {**out, "pairs": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=side_by_side.__doc__)
+    parser.add_argument("--baseline", required=True, help="another checkout's root")
+    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = side_by_side(args.baseline, args.pairs, args.quick)
+    result["baseline_revision"] = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=args.baseline, capture_output=True, text=True
+    ).stdout.strip()
+    Path(args.out).write_text(json.dumps({**result, "measured_on": measured_on()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

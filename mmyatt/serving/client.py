@@ -1,29 +1,25 @@
 """Client for GenRM judge servers speaking OpenAI chat completions: the embedded server
 (``mmyatt serve-genrm``) and ``vllm serve`` alike. A vLLM judge for ``yes_prob``
-rewards is ``vllm serve /path/to/judge --api-key K --max-logprobs 20`` (at least the
-``top_logprobs`` asked for; a VLM judge adds ``--limit-mm-per-prompt '{"image": 1}'``),
-then ``JudgeClient(["http://127.0.0.1:8000"], api_key="K")``; SGLang works the same way.
+rewards is ``vllm serve /path/to/judge --api-key K --max-logprobs 20`` (a VLM judge adds
+``--limit-mm-per-prompt '{"image": 1}'``), then ``JudgeClient(["http://127.0.0.1:8000"],
+api_key="K")``; SGLang works the same way.
 
-* **httpx2 and tenacity.** Requests go through an ``httpx2.AsyncClient`` (httpx's API;
-  its pool keeps connections alive) on the caller's event loop: ``await achat`` /
-  ``achat_many`` on any loop (e.g. streaming each finished rollout sample to the
-  judge), and ``chat``, ``chat_many`` and ``health`` on a loop of the calling thread's
-  own, so that no call hops threads. Each loop has its own ``AsyncClient``
-  (connections belong to a loop). httpx2 rather than httpx 1.x: httpcore 1.x's pool
-  scans every connection for every queued request, 4.8 ms of client CPU per request
-  at 32 in flight on the GenRM bench's requests against httpx2's 0.9-1.0 ms.
-  ``transport=`` takes any httpx2 transport (``AsyncHTTPTransport(proxy=...)``,
-  ``MockTransport``).
+* **httpx2 and tenacity.** ``chat`` sends on an ``httpx2.Client`` (blocking sockets: no
+  event loop, no thread hop); ``await achat`` / ``achat_many`` on the caller's loop, and
+  ``chat_many`` / ``health`` on a uvloop loop of the calling thread's own, on
+  ``httpx2.AsyncClient``s (connections belong to a loop). httpx2 rather than httpx 1.x:
+  httpcore 1.x's pool scans every connection for every queued request (4.8 ms of client
+  CPU per request at 32 in flight against 0.9-1.0 ms). ``transport=`` takes any httpx2
+  transport (``MockTransport``; an async-only one such as
+  ``AsyncHTTPTransport(proxy=...)`` sends ``chat`` through the event loop too).
 * **Bounded in-flight**: at most ``max_in_flight`` requests of one event loop at once.
 * **Least-in-flight balancing**: each attempt goes to the server with the fewest
   requests in flight (ties rotate), skipping servers that failed recently.
 * **Retries**: connection errors, timeouts (``timeout_s``), HTTP 5xx, 408 and 429 are
   retried at once on another healthy server when there is one, else after an
-  exponential backoff (``backoff_s * 2**k`` with jitter, at most ``backoff_max_s``); a
-  killed server that comes back on its address is found again (dead connections are
-  dropped). After ``max_retries`` retries: :class:`JudgeUnavailableError`, naming the
-  servers and the last error. Other 4xx (bad request, wrong key, unknown model) are not
-  retried: :class:`JudgeRequestError`.
+  exponential backoff (``backoff_s * 2**k`` with jitter, at most ``backoff_max_s``).
+  After ``max_retries`` retries: :class:`JudgeUnavailableError`, naming the servers and
+  the last error. Other 4xx are not retried: :class:`JudgeRequestError`.
 * **Model name**: a request without ``"model"`` gets ``model=``, or else the first id
   of the server's ``/v1/models`` (vLLM names a model by the path it was served from).
 * ``metrics()``: requests, attempts, retries, failures, mean latency; per server
