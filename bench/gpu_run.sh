@@ -8,7 +8,9 @@
 #      images/s of mmyatt's sampler against diffusers' StableDiffusion3Pipeline, one
 #      Flow-GRPO and one DiffusionNFT update (seconds, MFU), peak memory per phase;
 #   3. `mmyatt bench engines`: text rollout and update (Qwen2.5-0.5B shape, 16 prompts x
-#      8 samples x 256 tokens), model FLOP/s and MFU per phase, and a Qwen2-VL step;
+#      8 samples x 256 tokens), model FLOP/s and MFU per phase, and a Qwen2-VL step; the
+#      update in micro-batches of 18,432 tokens (64 sequences: the chunked log-probs
+#      leave room), where part 4's default arm keeps the former 4,608 (16 sequences);
 #   4. the HF decode paths side by side (`python -m mmyatt.bench.engines --decode`):
 #      the default steps, fixed-shape steps over a kept cache (rollout.hf_static_cache) and
 #      those compiled as CUDA graphs (rollout.compile_decode), text and VLM, same shapes:
@@ -48,7 +50,7 @@ else
   PY=python3
   LIMIT=${TIME_LIMIT_S:-530}
   CAPS=(100 140 110 160 20 240)
-  ENGINES=()
+  ENGINES=(--micro-batch-tokens 18432)
   DECODE=()
   LOGPROB=(--rows 16 --tokens 288 --vocab 151936 --dtype bfloat16)
   PLACEMENT=(--workload judge_heavy --workload drifting --rounds 1 --steps 4

@@ -287,13 +287,15 @@ def bench_engines(
     compile_backend: str | None = None,
     on_arm=None,
     steps: int = 3,
+    micro_batch_tokens: int | None = None,
 ) -> dict:
     """The engines' arms (module docstring); ``decode``: the HF decode paths instead.
     ``tokens``: the action budget, the VLM's too (default by device); ``steps``: per arm,
-    the first a warm-up, medians over the rest; ``compile_backend``: the compiled
-    decode arms' torch.compile backend (default inductor; "eager" checks the capture
-    alone, without a compiler's minutes on the CPU). ``on_arm(result)``: called with the
-    result so far after each arm (a caller under a time limit writes it)."""
+    the first a warm-up, medians over the rest; ``micro_batch_tokens``: the text arms'
+    update budget (default 16 x (32 + tokens): 16 sequences); ``compile_backend``: the
+    compiled decode arms' torch.compile backend (default inductor; "eager" checks the
+    capture alone, without a compiler's minutes on the CPU). ``on_arm(result)``: called
+    with the result so far after each arm (a caller under a time limit writes it)."""
     cuda = torch.cuda.is_available()
     device = "cuda:0" if cuda else "cpu"
     size = size or ("qwen2.5-0.5b" if cuda else "tiny")
@@ -336,7 +338,7 @@ def bench_engines(
                 ],
             }
         kw = dict(prompts=prompts, group=group, tokens=tokens, steps=steps, device=device)
-        kw["micro_batch_tokens"] = 16 * (32 + tokens)
+        kw["micro_batch_tokens"] = micro_batch_tokens or 16 * (32 + tokens)
         kw["compile_backend"] = compile_backend
         for name, ov in arms.items():
             if "rollout.backend=vllm" in ov and not available("vllm"):
@@ -457,6 +459,7 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true", help="the HF decode paths side by side")
     ap.add_argument("--tokens", type=int, help="action budget per sample")
     ap.add_argument("--steps", type=int, default=3, help="per arm, the first a warm-up")
+    ap.add_argument("--micro-batch-tokens", type=int, help="the text arms' update budget")
     ap.add_argument("--compile-backend", help="torch.compile backend of the compiled arms")
     ap.add_argument("--out", help="write the result (JSON) here")
     a = ap.parse_args(argv)
@@ -473,6 +476,7 @@ def main(argv=None) -> int:
         compile_backend=a.compile_backend,
         on_arm=on_arm,
         steps=a.steps,
+        micro_batch_tokens=a.micro_batch_tokens,
     )
     if a.out:
         write_result(result, a.out)
