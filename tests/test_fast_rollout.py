@@ -131,3 +131,20 @@ def test_run_config_turns_it_on_through_the_engines(text_policy):
         text_policy.set_decode(False)
     with pytest.raises(TypeError, match="FixedShapeDecode capability"):
         build_engines(cfg, Dist(0, 1, "cpu"), object())
+
+
+def test_lora_layers_run_in_the_fixed_shape_step(tmp_path):
+    """LoRA injected in place (models/lora.py): the step calls the wrapped projections,
+    whose adapters (made non-zero here) change the samples as in the default path."""
+    path = build_tiny_text_model(tmp_path / "tiny", corpus=CORPUS)
+    policy = TextPolicy.load(path, max_prompt_tokens=24, lora={"r": 4})
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    base, fast = _both(policy, PROMPTS, SAMPLINGS["sampled"])
+    _same(base, fast)
+    plain = TextPolicy.load(path, max_prompt_tokens=24)
+    other = plain.generate([dict(p) for p in PROMPTS], 2, SAMPLINGS["sampled"], [3, 4, 5, 6])
+    assert not torch.equal(other.actions, fast.actions)  # the adapters did act
