@@ -156,7 +156,7 @@ class JudgeClient:
         self._latency_s = 0.0
         self._lock = threading.Lock()  # counters, servers, loops
         self._loops: dict[int, asyncio.AbstractEventLoop] = {}  # sync callers' own, by thread
-        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Queue] = {}  # see _slots_here
+        self._slots: dict[asyncio.AbstractEventLoop, tuple] = {}  # see _slots_here
         self._client: httpx2.Client | None = None  # chat(): blocking sockets
         self._ssl: ssl.SSLContext | None = None  # one for all (making one takes ~0.1 s)
         self._rr = 0
@@ -217,12 +217,14 @@ class JudgeClient:
         One client per slot rather than one for all: httpcore's pool scans every one of
         its connections for each request (15-25% of the client's CPU at 32 in flight)."""
         loop = asyncio.get_running_loop()
-        slots = self._slots.get(loop)
-        if slots is None:
-            slots = self._slots[loop] = asyncio.Queue()
-            for _ in range(self.max_in_flight):
-                slots.put_nowait(self._httpx(httpx2.AsyncClient, len(self.servers)))
-        return slots
+        pair = self._slots.get(loop)
+        if pair is None:
+            n = len(self.servers)
+            clients = [self._httpx(httpx2.AsyncClient, n) for _ in range(self.max_in_flight)]
+            pair = self._slots[loop] = (asyncio.Queue(), clients)
+            for http in clients:
+                pair[0].put_nowait(http)
+        return pair[0]
 
     def close(self) -> None:
         """Close every connection and this client's own loops (a later call starts anew)."""
@@ -232,8 +234,7 @@ class JudgeClient:
             client, self._client = self._client, None
         if client is not None:
             client.close()
-        for loop, queue in slots.items():
-            clients = [queue.get_nowait() for _ in range(queue.qsize())]
+        for loop, (_, clients) in slots.items():  # in use or not
             if loop.is_running():  # a caller's loop in another thread
                 asyncio.run_coroutine_threadsafe(_close_all(clients), loop).result(timeout=10)
             elif not loop.is_closed():
