@@ -91,8 +91,9 @@ class FastDecode:
 
     ``compile_step``: compile the step with ``torch.compile`` (``mode`` "reduce-overhead"
     on CUDA, the default mode elsewhere; ``backend`` overrides the compiler, e.g.
-    "eager" to check the capture alone). One step per cache shape is kept (the last
-    one: a new shape replaces it).
+    "eager" to check the capture alone, or "cudagraphs" for CUDA graphs of the uncompiled
+    operations, quick to build). One step per cache shape is kept (the last one: a new
+    shape replaces it).
     """
 
     def __init__(self, compile_step: bool = False, backend: str | None = None):
@@ -135,7 +136,10 @@ class FastDecode:
             self.current = (key, step)
         step = self.current[1]
         step.load(cache, prompt_mask)
-        graphs = self.compile_step and k0.device.type == "cuda" and self.backend is None
+        # CUDA graphs: inductor's "reduce-overhead" mode, or the "cudagraphs" backend
+        graphs = (
+            self.compile_step and k0.device.type == "cuda" and self.backend in (None, "cudagraphs")
+        )
 
         def forward_next(token: Tensor, positions: Tensor, t: int) -> Tensor:
             step.col.fill_(p + t)
