@@ -137,9 +137,10 @@ def bench_genrm(quick: bool = False) -> dict:
 
 def _arm(root: Path, n1: int, n32: int, threads: int) -> subprocess.Popen:
     """One arm's process (:mod:`mmyatt.bench.genrm_arm` on ``root``'s code), started."""
-    if (root / "rewards").is_dir() and not (root / "mmyatt" / "rewards").exists():
-        # a revision whose pyproject mapped mmyatt.models / .rewards / .datasets to
-        # top-level folders: linked into its package so that PYTHONPATH finds them
+    if root != ROOT and not (root / "mmyatt" / "rewards").exists():
+        # pyproject maps mmyatt.models / .rewards / .datasets to top-level folders, and
+        # the installed package maps them to this checkout's: linked into the other
+        # checkout's package so that its own are found first
         for name in ("models", "rewards", "datasets"):
             (root / "mmyatt" / name).symlink_to(Path("..") / name)
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(threads))

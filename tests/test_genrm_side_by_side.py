@@ -1,0 +1,22 @@
+"""The GenRM serving bench's side by side: two checkouts' judge serving in alternating
+rounds (here this checkout against itself, which must come out near 1x)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmyatt.bench.genrm import side_by_side
+from mmyatt.bench.runs import ROOT
+
+
+@pytest.mark.slow
+def test_side_by_side_of_a_checkout_with_itself():
+    result = side_by_side(ROOT, pairs=2, quick=True)
+    assert [p["order"] for p in result["pairs"]] == [("baseline", "this"), ("this", "baseline")]
+    for n in ("1", "32"):
+        ratios = [p[f"ratio_{n}"] for p in result["pairs"]]
+        assert result[f"median_ratio_{n}"] == pytest.approx(sum(ratios) / 2)
+        for p in result["pairs"]:  # the ratio is of the two arms' figures of that pair
+            figures = p["this"][f"req_per_s_{n}"], p["baseline"][f"req_per_s_{n}"]
+            assert p[f"ratio_{n}"] == pytest.approx(figures[0] / figures[1])
+            assert min(figures) > 0
