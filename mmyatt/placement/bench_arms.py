@@ -30,6 +30,22 @@ CORPUS = [
 ] * 60
 
 
+def run_overrides(steps: int) -> list[str]:
+    """A measured run of ``steps`` steps on 2 controllers of one thread each: no SFT,
+    no dynamic sampling, no evaluation, no rollout log, no progress bar."""
+    return [
+        "algorithm.dynamic_sampling=false",
+        "sft.enabled=false",
+        f"trainer.steps={steps}",
+        "trainer.max_minutes=null",
+        "trainer.eval_every=0",
+        "trainer.save_rollouts_every=0",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        "distributed.nproc=2",
+    ]
+
+
 def base_overrides(policy: Path, steps: int) -> list[str]:
     return [
         f"model.path={policy}",
@@ -41,15 +57,7 @@ def base_overrides(policy: Path, steps: int) -> list[str]:
         "sampling.group_size=8",
         "sampling.max_new_tokens=48",
         f"sampling.stop={json.dumps(STOP)}",
-        "algorithm.dynamic_sampling=false",
-        "sft.enabled=false",
-        f"trainer.steps={steps}",
-        "trainer.max_minutes=null",
-        "trainer.eval_every=0",
-        "trainer.save_rollouts_every=0",
-        "trainer.progress=false",
-        "trainer.threads=1",
-        "distributed.nproc=2",
+        *run_overrides(steps),
         "placement.profile_steps=2",  # auto: medians of 2 measured steps per plan
         "placement.stream_groups=2",  # 2 chunks of 2 groups per controller and step
         # colocate's judge phase on every core (its default): on quiet cores a judge on
