@@ -201,10 +201,12 @@ def test_the_counts_see_what_they_count(tmp_path, monkeypatch):
     assert len(boundaries.function_level_imports([bad])) == 1
 
 
-def test_no_import_cycle_through_the_engines_the_adapters_the_rewards_or_the_datasets():
-    mine = ("mmyatt.engines", "mmyatt.models", "mmyatt.rewards", "mmyatt.datasets")
+def test_no_import_cycle_between_the_files_of_the_library():
+    """Every file but the config sections': those import ``RunConfig`` for their checks'
+    annotations (under TYPE_CHECKING), which the counter sees as a cycle through
+    ``mmyatt.config.run``."""
     for cycle in boundaries.import_cycles(boundaries.library_files()):
-        assert not [m for m in cycle if m.startswith(mine) or m == "mmyatt.protocols"], cycle
+        assert all(m.startswith("mmyatt.config.") for m in cycle), cycle
 
 
 def test_no_function_level_imports_of_the_project_in_the_adapters_rewards_and_engines():
