@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mmyatt.datasets.describe import (
     DIRECTION_QUESTION,
@@ -46,7 +47,7 @@ from mmyatt.datasets.shapes import (
     SHAPES,
 )
 from mmyatt.datasets.vision_tasks import judge_training_mix
-from mmyatt.models.builtin.train_tiny_judge import sft_step
+from mmyatt.models.builtin.judge_sft import JudgeSFT
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.rewards.genrm import yes_probability
 from mmyatt.step.freeze import freeze_parameters
@@ -231,21 +232,17 @@ def train_describe_judge(
     saved to ``out_dir`` and then measured once on the test sets (and, with
     ``select_directions``, the test triples' direction table). Returns {"best_step",
     "val": {...}, "test": {...}, "seconds"}."""
-    import torch
-
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
     policy = VLMPolicy.load(_checkpoint_dir(start), max_prompt_tokens=max_prompt_tokens)
-    model = policy.module()
-    freeze_parameters(model, freeze)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    freeze_parameters(policy.module(), freeze)
+    params = [p for p in policy.module().parameters() if p.requires_grad]
+    run = JudgeSFT(policy, lr=lr, params=params, log=log)
     val = eval_sets(n_eval, split="val", seed=seed, frames=frames)
     best: dict[str, Any] = {"score": -1.0}
-    t0 = time.perf_counter()
-    schedule = cosine_schedule(opt, steps, floor=0.1)
+    run.started = time.perf_counter()  # the clock starts with the first step
+    schedule = cosine_schedule(run.opt, steps, floor=0.1)
     for step in range(1, steps + 1):
-        model.train()
         batch = training_batch(
             batch_size,
             seed=1_000 * (seed + 1) + step,
@@ -259,14 +256,17 @@ def train_describe_judge(
             direction_share=direction_share,
             extra_shapes=extra_shapes,
         )
-        loss = sft_step(policy, opt, batch, params)
+        loss = run.step(batch)
         schedule.step()
         if step % eval_every == 0 or step == steps:
-            model.eval()
-            m: dict[str, Any] = {k: judge_metrics(policy, v) for k, v in val.items()}
+            with run.evaluating():
+                m: dict[str, Any] = {k: judge_metrics(policy, v) for k, v in val.items()}
+                if select_directions:
+                    m["directions"] = direction_table(
+                        policy, MOTION_HELDOUT_VAL, n=4, frames=frames
+                    )
             terms = [m["seen"]["accuracy"], m["heldout"]["accuracy"]]
             if select_directions:
-                m["directions"] = direction_table(policy, MOTION_HELDOUT_VAL, n=4, frames=frames)
                 terms.append(m["directions"]["pick_right"])
             score = float(np.mean(terms))
             say(
@@ -277,7 +277,7 @@ def train_describe_judge(
                     if select_directions
                     else ""
                 )
-                + f" ({time.perf_counter() - t0:.0f}s)"
+                + f" ({run.seconds():.0f}s)"
             )
             if score > best["score"]:
                 best = {"score": score, "step": step, "val": m}
@@ -294,7 +294,7 @@ def train_describe_judge(
         "best_step": best["step"],
         "val": best["val"],
         "test": test,
-        "seconds": time.perf_counter() - t0,
+        "seconds": run.seconds(),
     }
 
 

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mmyatt.datasets import geneval as ge
 from mmyatt.models.builtin.critic import augment_image
-from mmyatt.models.builtin.train_tiny_judge import _messages, sft_step
+from mmyatt.models.builtin.judge_sft import JudgeSFT
+from mmyatt.models.builtin.train_tiny_judge import judge_messages
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.rewards.vqa import answer_probability
 from mmyatt.step.lr_schedule import cosine_schedule
@@ -63,7 +65,7 @@ def answer_accuracy(policy, records: list[dict], batch_size: int = 64) -> dict[s
     hits: dict[str, list[bool]] = {}
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        tops = policy.next_token_logprobs([_messages(r) for r in chunk], 1)
+        tops = policy.next_token_logprobs([judge_messages(r) for r in chunk], 1)
         for r, top in zip(chunk, tops):
             hits.setdefault(r["task"], []).append(top[0][0].strip() == r["answer"])
     out = {k: float(np.mean(v)) for k, v in sorted(hits.items())}
@@ -87,7 +89,7 @@ def reward_separation(policy, split: str, *, n: int = 100, seed: int = 0) -> dic
             rows += [{"image": image, "prompt": r["q1"]}, {"image": image, "prompt": r["q2"]}]
         tops = []
         for s in range(0, len(rows), 64):
-            tops += policy.next_token_logprobs([_messages(x) for x in rows[s : s + 64]], 20)
+            tops += policy.next_token_logprobs([judge_messages(x) for x in rows[s : s + 64]], 20)
         for i, r in enumerate(recs):
             p1 = answer_probability(tops[2 * i], r["a1"])
             p2 = answer_probability(tops[2 * i + 1], r["a2"])
@@ -118,8 +120,6 @@ def train_geneval_judge(
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (default ``builtin:shape_judge``) into ``out_dir``; returns
     {"best", "test", "reward_val", "reward_test", "steps", "seconds"}."""
-    import torch
-
     torch.manual_seed(seed)
     work = Path(out_dir)
     if work.exists():
@@ -129,17 +129,14 @@ def train_geneval_judge(
         (work / stale).unlink(missing_ok=True)
     set_image_side(work, side)
     policy = VLMPolicy.load(work, max_prompt_tokens=64)
-    model = policy.module()
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = cosine_schedule(opt, steps, warmup=50, floor=0.1)
+    run = JudgeSFT(policy, lr=lr, log=log)
+    sched = cosine_schedule(run.opt, steps, warmup=50, floor=0.1)
     sets = {
         "seen": ge.judge_records(n_eval, seed=50_000 + seed),
         "val_heldout": ge.heldout_judge_records(n_eval, seed=52_000 + seed, split="val"),
     }
-    t0 = time.perf_counter()
+    run.started = time.perf_counter()  # the clock starts with the first step
     best: dict[str, Any] = {"select": -1.0}
-    history = []
     step = 0
     while step < steps:
         batch = ge.judge_records(batch_size, seed=1_000_000 * (seed + 1) + step)
@@ -148,20 +145,16 @@ def train_geneval_judge(
             {**r, "image": augment_image(r["image"], rng)} if rng.random() < augment else r
             for r in batch
         ]
-        loss = sft_step(policy, opt, batch)
+        loss = run.step(batch)
         sched.step()
         step += 1
-        out_of_time = time.perf_counter() - t0 > 60 * minutes
+        out_of_time = run.seconds() > 60 * minutes
         if step % eval_every and not out_of_time and step < steps:
             continue
-        model.eval()
-        with torch.no_grad():
+        with run.evaluating():
             m: dict[str, Any] = {k: answer_accuracy(policy, v) for k, v in sets.items()}
-        model.train()
-        m.update(step=step, seconds=round(time.perf_counter() - t0, 1), loss=float(loss.detach()))
-        m["select"] = (m["seen"]["all"] + m["val_heldout"]["all"]) / 2
-        history.append(m)
-        log(json.dumps(m))
+        select = (m["seen"]["all"] + m["val_heldout"]["all"]) / 2
+        run.record(m, step=step, loss=float(loss.detach()), select=select)
         if m["select"] > best["select"]:
             best = m
             policy.save(str(work))
@@ -176,9 +169,9 @@ def train_geneval_judge(
             "reward_val": reward_separation(final, "val", seed=60_000 + seed),
             "reward_test": reward_separation(final, "test", seed=61_000 + seed),
             "steps": step,
-            "seconds": round(time.perf_counter() - t0, 1),
+            "seconds": round(run.seconds(), 1),
             "side": side,
-            "history": history,
+            "history": run.history,
         }
     log(json.dumps({k: result[k] for k in ("test", "reward_val", "reward_test")}))
     return result
@@ -198,8 +191,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--augment", type=float, default=0.7)
     a = ap.parse_args(argv)
-    import torch
-
     torch.set_num_threads(1)
     r = train_geneval_judge(
         a.out,

@@ -43,7 +43,6 @@ from mmyatt.datasets.vision_tasks import (
     shape_records,
 )
 from mmyatt.models.builtin.judge_sft import JudgeSFT
-from mmyatt.models.builtin.judge_sft import sft_step as sft_step  # the describe judge's
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 from mmyatt.models.flow import FlowPolicy
 from mmyatt.models.vlm import VLMPolicy
@@ -54,7 +53,7 @@ from mmyatt.step.lr_schedule import cosine_schedule
 
 
 # --- judge evaluation ------------------------------------------------------------------
-def _messages(record: dict) -> list[dict]:
+def judge_messages(record: dict) -> list[dict]:
     return [
         {
             "role": "user",
@@ -80,7 +79,7 @@ def judge_accuracy(
     p_yes: dict[str, list[float]] = {s: [] for s in SHAPES}
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        tops = policy.next_token_logprobs([_messages(r) for r in chunk], top_k)
+        tops = policy.next_token_logprobs([judge_messages(r) for r in chunk], top_k)
         for rec, top in zip(chunk, tops):
             scores = {tok.strip(): lp for tok, lp in reversed(top)}  # most likely wins
             yes, no = scores.get("Yes", -np.inf), scores.get("No", -np.inf)
@@ -109,7 +108,7 @@ def classification_accuracy(policy, records: list[dict], *, batch_size: int = 64
     hits = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        tops = policy.next_token_logprobs([_messages(r) for r in chunk], 1)
+        tops = policy.next_token_logprobs([judge_messages(r) for r in chunk], 1)
         hits += [top[0][0].strip() == r["answer"] for r, top in zip(chunk, tops)]
     return float(np.mean(hits))
 
@@ -373,7 +372,7 @@ def rule_agreement(policy, records: list[dict], *, batch_size: int = 64) -> dict
     p_yes: list[float] = []
     for start in range(0, len(records), batch_size):
         chunk = records[start : start + batch_size]
-        for top in policy.next_token_logprobs([_messages(r) for r in chunk], 20):
+        for top in policy.next_token_logprobs([judge_messages(r) for r in chunk], 20):
             p = yes_probability(top, JUDGE_YES, JUDGE_NO)
             p_yes.append(0.5 if p is None else p)  # neither answer among the top tokens
     p = np.array(p_yes)
