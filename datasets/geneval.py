@@ -532,19 +532,3 @@ def heldout_judge_records(n: int, *, seed: int, split: str, size: int = IMAGE_SI
         if q is not None:
             out.append({"id": f"gh{split}{seed}-{len(out)}", "image": image, "task": task, **q})
     return out
-
-
-def judge_corpus() -> list[str]:
-    """Every question and answer word the judge sees (its tokenizer corpus)."""
-    texts = ["Yes", "No", *COLOURS, *SHAPES, *map(str, range(5))]  # answers
-    texts += [COUNT_QUESTION.format(colour=c, shapes=_plural(s)) for c in COLOURS for s in SHAPES]
-    texts += [f"Is there a {c} {s}?" for c in COLOURS for s in SHAPES]
-    texts += [f"What colour is the {s}?" for s in SHAPES]
-    texts += [
-        POSITION_QUESTION.format(a=f"{c} {s}", relation=r, b=f"blue {t}")
-        for c in COLOURS
-        for s in SHAPES
-        for t in SHAPES
-        for r in RELATIONS
-    ]
-    return texts
