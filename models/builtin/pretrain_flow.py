@@ -190,6 +190,17 @@ def evaluate_geneval(
     return out
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` for the block, restored after."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def pretrain_flow(
     out_dir: str | Path,
     *,
@@ -249,185 +260,122 @@ def pretrain_flow(
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return _train(
-            Path(out_dir),
+    out, snapshots = Path(out_dir), tuple(snapshots)
+    with _torch_threads(threads):
+        t_start = time.time()
+        build_tiny_flow_model(
+            out,
             kind=kind,
-            steps=steps,
-            batch_size=batch_size,
-            lr=lr,
+            vocab=shape_vocab() if task == "shapes" else geneval_vocab(),
             seed=seed,
-            log_every=log_every,
             image_size=image_size,
             num_frames=num_frames,
             patch_size=patch_size,
             num_layers=num_layers,
             num_attention_heads=num_attention_heads,
             attention_head_dim=attention_head_dim,
-            warmup=warmup,
-            eval_samples=eval_samples,
-            eval_steps=eval_steps,
-            eval_guidance=eval_guidance,
-            t_dist=t_dist,
-            device=device,
-            max_minutes=max_minutes,
-            text_lr_scale=text_lr_scale,
             position_channels=position_channels,
-            snapshots=tuple(snapshots),
-            task=task,
-            ema=ema,
-            init=init,
         )
-    finally:
-        torch.set_num_threads(prev_threads)
+        policy = FlowPolicy.load(out)
+        if init is not None:
+            start = FlowPolicy.load(init)
+            policy.transformer.load_state_dict(start.transformer.state_dict())
+            policy.text_encoder.load_state_dict(start.text_encoder.state_dict())
+            logger.info(f"weights from {init}")
+        policy.transformer.to(device)
+        policy.text_encoder.to(device)
+        train_text = text_lr_scale > 0
+        policy.text_encoder.train(train_text).requires_grad_(train_text)
+        policy.transformer.train()
+        params = list(policy.transformer.parameters())
+        groups = [{"params": params, "lr": lr}]
+        if train_text:
+            text_params = list(policy.text_encoder.parameters())
+            groups.append({"params": text_params, "lr": lr * text_lr_scale})
+            params = params + text_params
+        opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
 
-
-def _train(
-    out: Path,
-    *,
-    kind,
-    steps,
-    batch_size,
-    lr,
-    seed,
-    log_every,
-    image_size,
-    num_frames,
-    patch_size,
-    num_layers,
-    num_attention_heads,
-    attention_head_dim,
-    warmup,
-    eval_samples,
-    eval_steps,
-    eval_guidance,
-    t_dist,
-    device,
-    max_minutes,
-    text_lr_scale,
-    position_channels,
-    snapshots,
-    task="shapes",
-    ema=0.0,
-    init=None,
-) -> dict:
-    """The body of ``pretrain_flow`` (arguments as there), run under its thread count."""
-    t_start = time.time()
-    build_tiny_flow_model(
-        out,
-        kind=kind,
-        vocab=shape_vocab() if task == "shapes" else geneval_vocab(),
-        seed=seed,
-        image_size=image_size,
-        num_frames=num_frames,
-        patch_size=patch_size,
-        num_layers=num_layers,
-        num_attention_heads=num_attention_heads,
-        attention_head_dim=attention_head_dim,
-        position_channels=position_channels,
-    )
-    policy = FlowPolicy.load(out)
-    if init is not None:
-        start = FlowPolicy.load(init)
-        policy.transformer.load_state_dict(start.transformer.state_dict())
-        policy.text_encoder.load_state_dict(start.text_encoder.state_dict())
-        logger.info(f"weights from {init}")
-    policy.transformer.to(device)
-    policy.text_encoder.to(device)
-    train_text = text_lr_scale > 0
-    policy.text_encoder.train(train_text).requires_grad_(train_text)
-    policy.transformer.train()
-    params = list(policy.transformer.parameters())
-    groups = [{"params": params, "lr": lr}]
-    if train_text:
-        text_params = list(policy.text_encoder.parameters())
-        groups.append({"params": text_params, "lr": lr * text_lr_scale})
-        params = params + text_params
-    opt = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
-
-    sched = cosine_schedule(opt, steps, warmup=warmup, floor=0.1)
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)
-    n_params = sum(p.numel() for p in policy.transformer.parameters())
-    n_text = sum(p.numel() for p in policy.text_encoder.parameters())
-    logger.info(
-        f"pretrain {kind}: transformer {n_params:,} params, text encoder {n_text:,}, "
-        f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}"
-    )
-    averaged = _Ema(params, ema) if ema > 0 else None
-    recent: list[float] = []
-    t_train = time.time()
-    done = 0
-    for step in range(steps):
-        if max_minutes is not None and time.time() - t_train > 60 * max_minutes:
-            logger.info(f"stopping at step {step}: max_minutes {max_minutes} reached")
-            break
-        batch = _batch(
-            kind if task == "shapes" else task, batch_size, policy.image_size, num_frames, rng
-        )
-        loss = policy.sft_loss(batch, t_dist=t_dist, generator=gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if averaged is not None:
-            averaged.update()
-        recent.append(float(loss.detach()))
-        recent = recent[-log_every:]
-        done = step + 1
-        if done in snapshots:
-            with _swapped(averaged):
-                _save_on_cpu(policy, out / f"step{done}", device)
-            logger.info(f"snapshot saved: {out / f'step{done}'}")
-        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
-            logger.info(
-                f"step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
-                f"{time.time() - t_train:.0f}s"
-            )
-    train_s = time.time() - t_train
-    if averaged is not None:
-        averaged.swap()  # from here on the policy holds the averaged weights
-    policy.text_encoder.eval().requires_grad_(False)
-    policy.transformer.eval()
-    policy.transformer.to("cpu")
-    policy.text_encoder.to("cpu")
-    policy.save(str(out))
-    evals = {}
-    if task == "geneval":
-        evals["geneval_val"] = evaluate_geneval(policy, denoise_steps=eval_steps)
-        logger.info(f"eval geneval (validation): {json.dumps(evals['geneval_val'])}")
-        eval_guidance = ()
-    for g in eval_guidance:
-        evals[f"cfg{g}"] = evaluate_alignment(
-            policy, n=eval_samples, denoise_steps=eval_steps, guidance_scale=g
-        )
+        sched = cosine_schedule(opt, steps, warmup=warmup, floor=0.1)
+        rng = np.random.default_rng(seed)
+        gen = torch.Generator().manual_seed(seed)
+        n_params = sum(p.numel() for p in policy.transformer.parameters())
+        n_text = sum(p.numel() for p in policy.text_encoder.parameters())
         logger.info(
-            f"eval cfg {g}: " + ", ".join(f"{k} {v:.3f}" for k, v in evals[f"cfg{g}"].items())
+            f"pretrain {kind}: transformer {n_params:,} params, text encoder {n_text:,}, "
+            f"{steps} steps x batch {batch_size}, {torch.get_num_threads()} thread(s), {device}"
         )
-    metrics = {
-        "kind": kind,
-        "task": task,
-        "steps": steps,
-        "steps_done": done,
-        "text_lr_scale": text_lr_scale,
-        "position_channels": position_channels,
-        "device": str(device),
-        "batch_size": batch_size,
-        "lr": lr,
-        "ema": ema,
-        "init": None if init is None else str(init),
-        "params": n_params,
-        "text_params": n_text,
-        "loss": float(np.mean(recent)),
-        "train_s": round(train_s, 1),
-        "wall_s": round(time.time() - t_start, 1),
-        "eval": evals,
-    }
-    (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    return metrics
+        averaged = _Ema(params, ema) if ema > 0 else None
+        recent: list[float] = []
+        t_train = time.time()
+        done = 0
+        for step in range(steps):
+            if max_minutes is not None and time.time() - t_train > 60 * max_minutes:
+                logger.info(f"stopping at step {step}: max_minutes {max_minutes} reached")
+                break
+            batch = _batch(
+                kind if task == "shapes" else task, batch_size, policy.image_size, num_frames, rng
+            )
+            loss = policy.sft_loss(batch, t_dist=t_dist, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            if averaged is not None:
+                averaged.update()
+            recent.append(float(loss.detach()))
+            recent = recent[-log_every:]
+            done = step + 1
+            if done in snapshots:
+                with _swapped(averaged):
+                    _save_on_cpu(policy, out / f"step{done}", device)
+                logger.info(f"snapshot saved: {out / f'step{done}'}")
+            if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
+                logger.info(
+                    f"step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {sched.get_last_lr()[0]:.2e} "
+                    f"{time.time() - t_train:.0f}s"
+                )
+        train_s = time.time() - t_train
+        if averaged is not None:
+            averaged.swap()  # from here on the policy holds the averaged weights
+        policy.text_encoder.eval().requires_grad_(False)
+        policy.transformer.eval()
+        policy.transformer.to("cpu")
+        policy.text_encoder.to("cpu")
+        policy.save(str(out))
+        evals = {}
+        if task == "geneval":
+            evals["geneval_val"] = evaluate_geneval(policy, denoise_steps=eval_steps)
+            logger.info(f"eval geneval (validation): {json.dumps(evals['geneval_val'])}")
+            eval_guidance = ()
+        for g in eval_guidance:
+            evals[f"cfg{g}"] = evaluate_alignment(
+                policy, n=eval_samples, denoise_steps=eval_steps, guidance_scale=g
+            )
+            logger.info(
+                f"eval cfg {g}: " + ", ".join(f"{k} {v:.3f}" for k, v in evals[f"cfg{g}"].items())
+            )
+        metrics = {
+            "kind": kind,
+            "task": task,
+            "steps": steps,
+            "steps_done": done,
+            "text_lr_scale": text_lr_scale,
+            "position_channels": position_channels,
+            "device": str(device),
+            "batch_size": batch_size,
+            "lr": lr,
+            "ema": ema,
+            "init": None if init is None else str(init),
+            "params": n_params,
+            "text_params": n_text,
+            "loss": float(np.mean(recent)),
+            "train_s": round(train_s, 1),
+            "wall_s": round(time.time() - t_start, 1),
+            "eval": evals,
+        }
+        (out / "pretrain_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        return metrics
 
 
 class _Ema:
