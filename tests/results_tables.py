@@ -311,7 +311,7 @@ def placement_option_rows() -> Rows:
             f"step {times(od['redraw_step_ratio'])} ratio 1's; mean completion {length} tokens (a length bias)",
             res_od,
         ],
-        "`placement.balance: true`": [
+        "`placement.balance_when: always`": [
             None,
             f"max/mean rank work {work}; training phase {geo('train_s_on_over_off')} alone, "
             f"{geo('train_s_on_micro_over_off')} with micro-batches",
@@ -357,6 +357,33 @@ def lora_sync_rows() -> Rows:
         ]
         for name, r in d["models"].items()
     }
+
+
+def balance_rows() -> Rows:
+    d, res = load("bench/balance.json"), "results/bench/balance.json"
+    names = {
+        "text_skewed": "skewed text: rank 0 prompts of 20-40 terms, rank 1 of 1-2",
+        "vlm_mixed": "images and clips: rank 0 the clips, rank 1 the images",
+        "text_balanced": "balanced text: prompts of 1-40 terms on both ranks",
+    }
+
+    def geo(w: dict, key: str) -> str:
+        return ratio_ci(w[key]["geo_mean"], w[key]["ci95"], 3)
+
+    out = {}
+    for wl, name in names.items():
+        w = d[wl]
+        on, off = w["on"], w["off"]
+        out[name] = [
+            str(w["rounds"]),
+            geo(w, "step_s_on_over_off"),
+            geo(w, "train_s_on_over_off"),
+            f"{off['idle_s']:.3f} {ARROW} {on['idle_s']:.3f}",
+            f"{on['applied']:.2f}",
+            f"{on['predicted_s']:.3f} / {on['measured_s']:.3f}, {100 * on['model_error']:.0f}%",
+            res,
+        ]
+    return out
 
 
 FAULT_NAMES = {
@@ -556,6 +583,13 @@ TABLES = {
     ),
     "placement options": Table(
         B, "option | workload | figure | result", placement_option_rows, allow={"1.5"}
+    ),
+    "balance": Table(
+        B,
+        "workload | rounds | step, on / off (95% interval) | training phase, on / off | "
+        f"idle at the all-reduce, s a step, off {ARROW} on | share of steps that moved | "
+        "predicted / measured s, mean error | result",
+        balance_rows,
     ),
     "checkpoint": Table(B, "figure | seconds | result", checkpoint_rows),
     "LoRA sync": Table(

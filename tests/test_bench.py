@@ -34,6 +34,7 @@ def test_every_bench_is_registered_once_and_has_its_committed_result():
         "placement_sim.json",
         "flow_real.json",
         "lora_sync.json",
+        "balance.json",
     }
     committed = {p.name for p in registry.RESULTS.glob("*.json")}
     # every committed bench result belongs to a registered bench; the GPU benches (engines,

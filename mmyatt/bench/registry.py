@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "placement": "mmyatt.placement.bench:bench_placement",
     # after placement: calibrated from, and validated against, placement's measured figures
     "placement-sim": "mmyatt.placement.simulate:bench_placement_sim",
+    "balance": "mmyatt.bench.balance:bench_balance",
 }
 RESULTS = ROOT / "results" / "bench"
 
