@@ -15,7 +15,7 @@ CFG = str(ROOT / "configs" / "text_grpo_tiny.yaml")
 
 
 # the vLLM rollout engine's seconds (weight sync, sleep, wake), also the machine's
-ENGINE_TIMES = ("rollout/weight_sync_s", "rollout/sleep_s", "rollout/wake_s")
+ENGINE_TIMES = ("rollout/weight_sync_s", "rollout/sleep_s", "rollout/wake_s", "sync/seconds")
 
 
 def train_rows(run: Path) -> dict[int, dict]:
@@ -27,7 +27,7 @@ def train_rows(run: Path) -> dict[int, dict]:
                 k: v
                 for k, v in r.items()
                 # measurements of the machine, not of the run: they differ between runs
-                if not k.startswith(("timing/", "throughput/", "placement/"))
+                if not k.startswith(("timing/", "throughput/", "placement/", "dist/idle_s"))
                 and k not in ENGINE_TIMES
             }
     return out
