@@ -25,7 +25,6 @@ and 1/3 trained combinations ("split": "seen").
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -33,7 +32,6 @@ import numpy as np
 from PIL import Image
 
 from .factored_shapes import EXTRA_COLOURS, EXTRA_SHAPES, draw_extra
-from .media import write_video
 from .shapes import (
     COLOURS,
     DIRECTIONS,
@@ -48,7 +46,7 @@ from .shapes import (
     is_heldout,
     moving_shape_clip,
 )
-from .vision_tasks import _other  # a different value drawn from the options
+from .vision_tasks import other_value, write_split
 
 IMAGE_SIZE = 56
 FRAMES = 4
@@ -291,25 +289,6 @@ def _eval_split(
     return out + [{**r, "split": "seen"} for r in seen[j:]]
 
 
-def _write(records: list[dict], root: Path, split: str) -> Path:
-    (root / "media").mkdir(parents=True, exist_ok=True)
-    path = root / f"{split}.jsonl"
-    with open(path, "w") as f:
-        for rec in records:
-            rec = dict(rec)
-            if "video" in rec:  # GIF: lossless for these flat colours, unlike H.264
-                written = write_video(
-                    rec.pop("video"), root / "media" / f"{split}-{rec['id']}.gif", fps=2.0
-                )
-                rec["video"] = str(written.relative_to(root))
-            else:
-                rel = f"media/{split}-{rec['id']}.png"
-                rec.pop("image").save(root / rel)
-                rec["image"] = rel
-            f.write(json.dumps(rec) + "\n")
-    return path
-
-
 def write_describe_task(
     out_dir: str | Path,
     *,
@@ -382,7 +361,7 @@ def write_describe_task(
             n_eval, val_seed, val_pairs, val_triples, video_fraction, excl_p, excl_t
         ),
     }
-    return {name: _write(recs, root, name) for name, recs in splits.items()}
+    return {name: write_split(recs, root, name, folder="media") for name, recs in splits.items()}
 
 
 # --- judge data -------------------------------------------------------------------------------
@@ -392,16 +371,16 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> 
     # "an extra colour's name" is never a shortcut to "No"
     palette = list(COLOURS) if c in COLOURS else list(EXTRA_COLOURS)
     if kind == "colour":
-        return describe(_other(palette, c, rng), s, d, rng)
+        return describe(other_value(palette, c, rng), s, d, rng)
     if kind in ("shape", "shape_first"):
-        return describe(c, _other(list(shapes), s, rng), d, rng, kind == "shape_first")
+        return describe(c, other_value(list(shapes), s, rng), d, rng, kind == "shape_first")
     if kind == "direction":
-        return describe(c, s, _other(list(DIRECTIONS), d, rng), rng)
+        return describe(c, s, other_value(list(DIRECTIONS), d, rng), rng)
     if kind == "added":  # a false attribute on top of a correct description
         extra = (
-            f" moving {_other(list(DIRECTIONS), d or '', rng)}"
+            f" moving {other_value(list(DIRECTIONS), d or '', rng)}"
             if d is None
-            else f" and a {_other(palette, c, rng)} one"
+            else f" and a {other_value(palette, c, rng)} one"
         )
         return describe(c, s, d, rng) + extra
     if kind == "missing":
@@ -417,7 +396,7 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> 
         tail = words[k:] if rng.random() < 0.5 else [words[k][: max(2, len(words[k]) // 2)]]
         return " ".join(words[: k + 1] + tail)
     if kind == "two":  # a correct description followed by another object's
-        other = describe(_other(palette, c, rng), _other(SHAPES, s, rng), d, rng)
+        other = describe(other_value(palette, c, rng), other_value(SHAPES, s, rng), d, rng)
         return describe(c, s, d, rng) + " " + other
     if kind == "garble":  # letters dropped, doubled or swapped in a word or two
         original = describe(c, s, d, rng)
@@ -441,7 +420,7 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> 
     if kind == "conflict":  # the true value and a false one of one attribute
         attr = ("colour", "shape", "direction")[int(rng.integers(3 if d else 2))]
         values = {"colour": palette, "shape": list(SHAPES), "direction": list(DIRECTIONS)}
-        wrong = _other(values[attr], rec[attr], rng)
+        wrong = other_value(values[attr], rec[attr], rng)
         first, second = (wrong, rec[attr]) if rng.random() < 0.5 else (rec[attr], wrong)
         if attr == "colour":
             text = f"a {first} {s} that is {second}"

@@ -37,6 +37,7 @@ from .vision_tasks import (
     SHAPE_CHECK,
     SHAPE_QUESTION,
     draw,
+    other_value,
 )
 
 # Colours outside the policy's palette that only the judge's training draws, with every
@@ -193,7 +194,7 @@ def factored_records(
                 out.append(_record(i, seed, SHAPE_QUESTION, image, shape, kind, None, shape))
             elif kind == "off_check_shape":
                 true = bool(rng.random() < 0.5)
-                claim = shape if true else _other(list(SHAPES), shape, rng)
+                claim = shape if true else other_value(list(SHAPES), shape, rng)
                 out.append(
                     _record(
                         i,
@@ -216,7 +217,7 @@ def factored_records(
                         (None, shape),
                         lambda shape=shape: (
                             colours[int(rng.integers(len(colours)))],
-                            shape if rng.random() < 0.5 else _other(list(SHAPES), shape, rng),
+                            shape if rng.random() < 0.5 else other_value(list(SHAPES), shape, rng),
                         ),
                         exclude,
                     )
@@ -229,7 +230,7 @@ def factored_records(
                 out.append(_record(i, seed, COLOUR_QUESTION, image, colour, kind, colour, shape))
             elif kind == "extra_check_colour":
                 true = bool(rng.random() < 0.5)
-                claim = colour if true else _other(colours, colour, rng)
+                claim = colour if true else other_value(colours, colour, rng)
                 out.append(
                     _record(
                         i,
@@ -251,7 +252,7 @@ def factored_records(
                         kind,
                         (colour, shape),
                         lambda colour=colour: (
-                            colour if rng.random() < 0.5 else _other(colours, colour, rng),
+                            colour if rng.random() < 0.5 else other_value(colours, colour, rng),
                             SHAPES[int(rng.integers(len(SHAPES)))],
                         ),
                         exclude,
@@ -281,11 +282,6 @@ def _claim_no(i, seed, image, kind, truth, draw_claim, exclude) -> dict:
         shape,
         negative_type=wrong,
     )
-
-
-def _other(options: list[str], value: str, rng: np.random.Generator) -> str:
-    rest = [o for o in options if o != value]
-    return rest[int(rng.integers(len(rest)))]
 
 
 def heldout_classification_records(
@@ -364,8 +360,8 @@ def named_records(
                 else None
             )
             while True:
-                c = colour if neg in (None, "shape") else _other(colours, colour, rng)
-                s = shape if neg in (None, "colour") else _other(shapes, shape, rng)
+                c = colour if neg in (None, "shape") else other_value(colours, colour, rng)
+                s = shape if neg in (None, "colour") else other_value(shapes, shape, rng)
                 if not is_heldout((c, s), exclude):
                     break
             out.append(

@@ -116,7 +116,7 @@ def grey_shape_records(n: int, *, seed: int, sizes: tuple[int, ...] = (IMAGE_SIZ
             prompt, answer, task = SHAPE_QUESTION, shape, "grey_shape"
         else:
             true = bool((i // 2) % 2 == 0)
-            claim = shape if true else _other(list(SHAPES), shape, rng)
+            claim = shape if true else other_value(list(SHAPES), shape, rng)
             prompt, answer, task = (
                 SHAPE_CHECK.format(shape=claim),
                 "Yes" if true else "No",
@@ -155,9 +155,9 @@ def judge_records(
             colour, shape = _pick(rng, exclude)
             claimed_colour, claimed_shape = colour, shape
             if kind in ("colour", "both"):
-                claimed_colour = _other(colours, colour, rng)
+                claimed_colour = other_value(colours, colour, rng)
             if kind in ("shape", "both"):
-                claimed_shape = _other(list(SHAPES), shape, rng)
+                claimed_shape = other_value(list(SHAPES), shape, rng)
             if not is_heldout((claimed_colour, claimed_shape), exclude):
                 break
         out.append(
@@ -189,10 +189,10 @@ def attribute_records(
         colour, shape = _pick(rng, exclude)
         kind, true = ("colour", "shape")[i % 2], bool((i // 2) % 2 == 0)
         if kind == "colour":
-            claim = colour if true else _other(colours, colour, rng)
+            claim = colour if true else other_value(colours, colour, rng)
             prompt = COLOUR_CHECK.format(colour=claim)
         else:
-            claim = shape if true else _other(list(SHAPES), shape, rng)
+            claim = shape if true else other_value(list(SHAPES), shape, rng)
             prompt = SHAPE_CHECK.format(shape=claim)
         out.append(
             {
@@ -236,21 +236,31 @@ def judge_training_mix(
     return [records[i] for i in order]
 
 
-def _other(options: list[str], value: str, rng: np.random.Generator) -> str:
+def other_value(options: list[str], value: str, rng: np.random.Generator) -> str:
+    """One of ``options`` other than ``value``, drawn with ``rng``."""
     rest = [o for o in options if o != value]
     return rest[int(rng.integers(len(rest)))]
 
 
 # --- writing tasks to disk ---------------------------------------------------------------
-def _write_split(records: list[dict], root: Path, split: str) -> Path:
-    (root / "images").mkdir(parents=True, exist_ok=True)
+def write_split(records: list[dict], root: Path, split: str, folder: str = "images") -> Path:
+    """``records`` as ``root/<split>.jsonl``, each image a PNG and each clip a GIF
+    (lossless for these flat colours, unlike H.264) under ``root/folder``, named by split
+    and id; the rows hold those paths relative to ``root``."""
+    (root / folder).mkdir(parents=True, exist_ok=True)
     path = root / f"{split}.jsonl"
     with open(path, "w") as f:
         for rec in records:
             rec = dict(rec)
-            rel = f"images/{split}-{rec['id']}.png"
-            rec.pop("image").save(root / rel)
-            rec["image"] = rel
+            if "video" in rec:
+                media = write_video(
+                    rec.pop("video"), root / folder / f"{split}-{rec['id']}.gif", fps=2.0
+                )
+                rec["video"] = str(media.relative_to(root))
+            else:
+                rel = f"{folder}/{split}-{rec['id']}.png"
+                rec.pop("image").save(root / rel)
+                rec["image"] = rel
             f.write(json.dumps(rec) + "\n")
     return path
 
@@ -262,11 +272,11 @@ def write_shape_task(
     ``val.jsonl`` with ``n_val`` > 0: its own image stream, for the SFT stopping check)."""
     root = Path(out_dir)
     out = {
-        "train": _write_split(shape_records(n_train, seed=2 * seed), root, "train"),
-        "eval": _write_split(shape_records(n_eval, seed=2 * seed + 1), root, "eval"),
+        "train": write_split(shape_records(n_train, seed=2 * seed), root, "train"),
+        "eval": write_split(shape_records(n_eval, seed=2 * seed + 1), root, "eval"),
     }
     if n_val:
-        out["val"] = _write_split(shape_records(n_val, seed=1_000_003 + seed), root, "val")
+        out["val"] = write_split(shape_records(n_val, seed=1_000_003 + seed), root, "val")
     return out
 
 
@@ -285,8 +295,8 @@ def write_judge_task(
         n_train, seed=2 * seed, classification_fraction=classification_fraction
     )
     return {
-        "train": _write_split(train, root, "train"),
-        "eval": _write_split(judge_records(n_eval, seed=2 * seed + 1), root, "eval"),
+        "train": write_split(train, root, "train"),
+        "eval": write_split(judge_records(n_eval, seed=2 * seed + 1), root, "eval"),
     }
 
 

@@ -36,10 +36,10 @@ from mmyatt.datasets.vision_tasks import (
     NEGATIVE_TYPES,
     SHAPE_CHECK,
     SHAPE_QUESTION,
-    _other,
     grey_shape_records,
     judge_records,
     judge_training_mix,
+    other_value,
     shape_records,
 )
 from mmyatt.models.builtin.judge_sft import JudgeSFT
@@ -336,9 +336,9 @@ def rule_judge_records(
     for i, s in enumerate(samples):
         while True:  # drawn for every sample, so the claims do not depend on the band
             u = rng.random()
-            other_colour = _other(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
+            other_colour = other_value(colours, s["colour"], rng) if u >= 0.5 else s["colour"]
             other_shape = (
-                _other(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
+                other_value(list(SHAPES), s["shape"], rng) if u < 0.5 or u >= 0.75 else s["shape"]
             )
             if not is_heldout((other_colour, other_shape), exclude):
                 break
