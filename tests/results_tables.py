@@ -476,6 +476,33 @@ def gpu_rows() -> Rows:
     }
 
 
+ASYNC_CASES = {
+    "genrm_remote": "image GenRM, judge +{ms} ms",
+    "genrm_local": "image GenRM, local judge",
+    "text": "text GRPO",
+}
+
+
+def async_rows() -> Rows:
+    a, res = load("bench/async.json"), "results/bench/async.json"
+    out: Rows = {}
+    for case, c in a["cases"].items():
+        for arm in ("sync", "one_step_off"):
+            x = c[arm]
+            r = x["eval_reward_end"]
+            name = ASYNC_CASES[case].format(ms=round(a["latency_s"] * 1000))
+            label = f"sync ({c['sync_placement']})" if arm == "sync" else arm
+            out[f"{name}: {label}"] = [
+                f"{r['mean']:.3f} ({r['min']:.3f}-{r['max']:.3f})",
+                f"{x['train_s']['mean']:.1f}",
+                f"{x['wall_s']['mean']:.1f}",
+                times(c["train_ratio_async_over_sync"]) if arm != "sync" else "-",
+                f"{x['idle_core_share']['mean']:.2f}",
+                res,
+            ]
+    return out
+
+
 def spread(mean: float, lo: float, hi: float) -> str:
     return f"{mean:+.3f} ({lo:+.3f} to {hi:+.3f})"
 
@@ -609,4 +636,10 @@ TABLES = {
         sharding_rows,
     ),
     "gpu": Table(B, "check | figure | result", gpu_rows, allow={"1.77"}),
+    "async": Table(
+        B,
+        "case, arm | held-out reward at the end | training s | wall s | async / sync "
+        "training time | idle core share | result",
+        async_rows,
+    ),
 }

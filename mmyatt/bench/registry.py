@@ -35,6 +35,7 @@ BENCHES: dict[str, str] = {
     # after placement: calibrated from, and validated against, placement's measured figures
     "placement-sim": "mmyatt.placement.simulate:bench_placement_sim",
     "balance": "mmyatt.bench.balance:bench_balance",
+    "async": "mmyatt.bench.async_bench:bench_async",
 }
 RESULTS = ROOT / "results" / "bench"
 
