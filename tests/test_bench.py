@@ -35,6 +35,7 @@ def test_every_bench_is_registered_once_and_has_its_committed_result():
         "flow_real.json",
         "lora_sync.json",
         "balance.json",
+        "async.json",
     }
     committed = {p.name for p in registry.RESULTS.glob("*.json")}
     # every committed bench result belongs to a registered bench; the GPU benches (engines,
