@@ -195,6 +195,7 @@ def test_config_defaults_to_sync():
 
 
 # ---------------------------------------------------------------- the tiny text recipe, resumed
+@pytest.mark.slow  # 6 runs of the CLI; the in-process fully_async resume runs in make test
 @pytest.mark.parametrize(
     "mode",
     [
@@ -217,6 +218,7 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, mode):
 
 
 # ---------------------------------------------------------------- the rollout-side copy
+@pytest.mark.slow  # builds a tiny VLM (a minute on 2 cores)
 def test_vlm_rollout_copy_samples_alike_and_keeps_its_own_weights(tmp_path):
     policy = VLMPolicy.load(build_tiny_vlm(tmp_path, corpus=CORPUS), max_prompt_tokens=48)
     twin = rollout_copy(policy, nullcontext)
