@@ -43,6 +43,7 @@ from mmyatt.step.adapters import (
     resolve_builtin,
     streams_finished,
 )
+from mmyatt.step.async_rollouts import async_run
 from mmyatt.step.batches import MicroBatches, Minibatches
 from mmyatt.step.controller import Controller
 from mmyatt.step.data import build_shard, eval_records, manifest_paths, synthetic_task
@@ -185,6 +186,7 @@ def build_controller(
         minibatches=minibatches,
         micro_batches=micro_batches,
         loss=build_loss(cfg, nft, lockstep, closed_form_kl),
+        async_settings=async_run(cfg),
         trainer=trainer,
         evaluator=Evaluator(
             wrapped,
@@ -222,6 +224,7 @@ def build_loss(cfg: RunConfig, nft, lockstep: Lockstep, closed_form_kl: bool) ->
         closed_form_kl=closed_form_kl,
         recompute_old_logprobs=a.recompute_old_logprobs,
         overlong_filter=a.overlong == "filter",
+        behaviour_cap=cfg.rollout.is_cap,  # trainer.async's behaviour ratio
     )
 
 
