@@ -18,6 +18,7 @@ from mmyatt.engines import build_engines
 from mmyatt.outputs.metrics import MetricsLogger
 from mmyatt.outputs.trackers import make_logger
 from mmyatt.placement.auto import AutoPlacer
+from mmyatt.placement.balancer import balance_settings
 from mmyatt.placement.config import candidate_plans, partial_split, plan_for, run_cores, work_key
 from mmyatt.placement.dispatch import OverDispatch
 from mmyatt.placement.exchange import Exchange
@@ -89,10 +90,11 @@ def build_controller(
     # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
     engine, wrapped = build_engines(cfg, dist, policy)
     lockstep = Lockstep(dist, engine, wrapped)
-    micro_batches = MicroBatches(a.micro_batch_tokens, lockstep)
     exchange = None  # placement.balance with more than one controller
     if cfg.placement.balance and dist.world_size > 1:
-        exchange = Exchange(dist, cfg.model.kind)
+        exchange = Exchange(dist, cfg.model.kind, balance_settings(cfg))
+    planner = exchange.balancer if exchange is not None else None  # length buckets, timed
+    micro_batches = MicroBatches(a.micro_batch_tokens, lockstep, planner)
     encode = wrapped.encode_media if cfg.model.kind == "vlm" else None
     minibatches = Minibatches(a.minibatches, exchange, encode)
     trainer = Trainer(
