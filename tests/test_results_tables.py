@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from results_tables import ARROW, RESULTS, ROOT, TABLES, recipe_rows
+from results_common import ARROW, RESULTS, ROOT
+from results_tables import TABLES, recipe_rows
 
 # ---------------------------------------------------------------------------- parsing
 
