@@ -288,6 +288,27 @@ class WholeWeights(Protocol):
 
 
 @runtime_checkable
+class LoRAOptions(Protocol):
+    """A policy that may train through a LoRA adapter (``model.lora.rank > 0``)."""
+
+    lora: dict | None  # the adapter's options; None: no adapter, full fine-tuning
+
+
+@runtime_checkable
+class LoRAPolicy(LoRAOptions, Protocol):
+    """A LoRA policy whose rollout engine holds the base model and receives the adapter
+    alone (text and VLM through vLLM's LoRA support)."""
+
+    def adapter_weights(self) -> tuple[dict[str, Tensor], dict]:
+        """The adapter as peft writes it: its tensors (copies) and adapter_config.json."""
+        ...
+
+    def base_model_weights(self) -> dict[str, Tensor]:
+        """The base model's weights under their own names, the adapter left out."""
+        ...
+
+
+@runtime_checkable
 class PolicyWrapper(Protocol):
     """An engine's policy over another policy (a sharding engine's, a vLLM rollout
     engine's): capabilities are the adapter's, found under ``inner``."""

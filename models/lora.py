@@ -142,10 +142,3 @@ def base_weights(model: nn.Module, merged: bool) -> dict[str, Tensor]:
                 key = f"{name}.weight"
                 sd[key] = sd[key] + mod.get_delta_weight(ADAPTER).to(sd[key].dtype)
     return sd
-
-
-def tensor_bytes(tensors: dict[str, Tensor]) -> int:
-    """Bytes of a name -> tensor mapping (what a weight sync moves), a tensor under two
-    names (a tied embedding and output head) counted once."""
-    seen = {(t.data_ptr(), t.numel(), t.dtype): t for t in tensors.values()}
-    return sum(t.numel() * t.element_size() for t in seen.values())

@@ -28,7 +28,7 @@ from mmyatt.rollout import Rollout, prompt_id
 from . import cpu_kernels, decode
 from .fast_decode import FastDecode
 from .logprobs import token_logprobs
-from .lora import add_lora, base_weights
+from .lora import adapter_tensors, add_lora, base_weights, peft_config
 
 IGNORE_INDEX = -100  # label value cross_entropy skips (prompt and padding in SFT)
 
@@ -193,6 +193,14 @@ class TextPolicy:
                 return self.logprobs(rollout)
         finally:
             self.model = model
+
+    def adapter_weights(self) -> tuple[dict[str, Tensor], dict]:
+        """The LoRA adapter as peft writes it: its tensors and ``adapter_config.json``."""
+        return adapter_tensors(self.model), peft_config(self.lora)
+
+    def base_model_weights(self) -> dict[str, Tensor]:
+        """The base model's weights under their own names, the adapter left out."""
+        return base_weights(self.model, merged=False)
 
     def module(self) -> nn.Module:
         return self.model

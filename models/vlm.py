@@ -50,7 +50,7 @@ from mmyatt.models.text import _eos_ids, check_model_dir
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
-from .lora import add_lora, base_weights
+from .lora import adapter_tensors, add_lora, base_weights, peft_config
 from .vlm_features import VisionFeatures, is_encoded
 from .vlm_inputs import MEDIA_KEYS, VLMPrompts
 
@@ -192,6 +192,14 @@ class VLMPolicy:
             str(p), dtype=dtype, local_files_only=True
         )
         return cls(model.to(device), tokenizer, image_processor, **kw)
+
+    def adapter_weights(self) -> tuple[dict[str, Tensor], dict]:
+        """The LoRA adapter as peft writes it: its tensors and ``adapter_config.json``."""
+        return adapter_tensors(self.model), peft_config(self.lora)
+
+    def base_model_weights(self) -> dict[str, Tensor]:
+        """The base model's weights under their own names, the adapter left out."""
+        return base_weights(self.model, merged=False)
 
     def module(self) -> nn.Module:
         return self.model

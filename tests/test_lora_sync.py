@@ -34,7 +34,7 @@ from mmyatt.bench.lora_sync import bench_lora_sync
 from mmyatt.config.schema import ModelConfig, RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine
-from mmyatt.engines.vllm_lora import CONFIG, WEIGHTS, lora_engine_args
+from mmyatt.engines.vllm_lora import CONFIG, WEIGHTS, lora_engine_args, tensor_bytes
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
@@ -44,7 +44,6 @@ from mmyatt.models.lora import (
     add_lora,
     base_weights,
     load_adapter_state,
-    tensor_bytes,
 )
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy

@@ -18,8 +18,9 @@ from test_engines_vllm_vlm import prompts, vlm_dir  # noqa: F401 (a fixture)
 from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
+from mmyatt.engines.vllm_lora import tensor_bytes
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
-from mmyatt.models.lora import adapter_tensors, base_weights, tensor_bytes
+from mmyatt.models.lora import adapter_tensors, base_weights
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import Sampling

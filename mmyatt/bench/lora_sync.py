@@ -41,11 +41,12 @@ from mmyatt.config.builtin import builtin_folder
 from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
+from mmyatt.engines.vllm_lora import tensor_bytes
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.builtin.tiny_vlm import build_tiny_vlm
 from mmyatt.models.flow import FlowPolicy
-from mmyatt.models.lora import adapter_state, adapter_tensors, load_adapter_state, tensor_bytes
+from mmyatt.models.lora import adapter_state, adapter_tensors, load_adapter_state
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 

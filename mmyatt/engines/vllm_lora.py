@@ -23,13 +23,22 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mmyatt.models.lora import adapter_tensors, peft_config, tensor_bytes
+from torch import Tensor
+
+from mmyatt.protocols import LoRAPolicy
 
 logger = logging.getLogger(__name__)
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
 WEIGHTS = "adapter_model.safetensors"  # peft's file names, which vLLM reads
 CONFIG = "adapter_config.json"
+
+
+def tensor_bytes(tensors: dict[str, Tensor]) -> int:
+    """Bytes of a name -> tensor mapping (what a weight sync moves), a tensor under two
+    names (a tied embedding and output head) counted once."""
+    seen = {(t.data_ptr(), t.numel(), t.dtype): t for t in tensors.values()}
+    return sum(t.numel() * t.element_size() for t in seen.values())
 
 
 def lora_engine_args(lora: dict) -> dict:
@@ -56,19 +65,18 @@ class AdapterSync:
 
     def __init__(self, lora: dict):
         self.lora = dict(lora)
-        self.config = peft_config(lora)
         self.version = 0  # adapter ids start at 1 (vLLM's rule)
         self.request = None
         self._root: Path | None = None
 
-    def push(self, llm, module) -> int:
-        """Send ``module``'s adapter to ``llm`` as a new version; returns its bytes."""
-        tensors = adapter_tensors(module)
+    def push(self, llm, policy: LoRAPolicy) -> int:
+        """Send ``policy``'s adapter to ``llm`` as a new version; returns its bytes."""
+        tensors, config = policy.adapter_weights()
         if self._root is None:
             self._root = Path(tempfile.mkdtemp(prefix="mmyatt-lora-"))
         self.version += 1
         folder = self._root / f"v{self.version}"
-        write_adapter(folder, tensors, self.config)
+        write_adapter(folder, tensors, config)
         cls = getattr(llm, "lora_request_class", None)
         if cls is None:
             from vllm.lora.request import LoRARequest as cls

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from mmyatt.engines.install import OPEN, require
-from mmyatt.engines.vllm_lora import AdapterSync, lora_engine_args
+from mmyatt.engines.vllm_lora import AdapterSync, lora_engine_args, tensor_bytes
 from mmyatt.engines.vllm_steps import stepped_generate
 from mmyatt.engines.vllm_vlm import (
     attach_media,
@@ -56,8 +56,7 @@ from mmyatt.engines.vllm_vlm import (
     vlm_requests,
 )
 from mmyatt.engines.wrapper import WrappedPolicy
-from mmyatt.models.lora import base_weights, tensor_bytes
-from mmyatt.protocols import Policy, TokenPolicy, adapter_of
+from mmyatt.protocols import LoRAPolicy, Policy, TokenPolicy, adapter_of
 from mmyatt.rollout import Rollout, prompt_id
 
 IS_KEYS = ("is_abs_diff_sum", "is_weight_sum", "is_clipped_sum")
@@ -165,7 +164,8 @@ class VLLMRolloutPolicy(WrappedPolicy):
         self._asleep = False
         self.timings: dict[str, float] = {}
         # a LoRA policy (models/lora.py) syncs its adapter only; None: full weights
-        lora = getattr(self._adapter(), "lora", None)
+        adapter = self._adapter()
+        lora = adapter.lora if isinstance(adapter, LoRAPolicy) else None
         self._lora = None if lora is None else AdapterSync(lora)
         if self._lora is not None:  # a given engine holds the base, not yet the adapter
             self._synced = None
@@ -242,9 +242,9 @@ class VLLMRolloutPolicy(WrappedPolicy):
         else:
             nbytes = 0
             if self._base_lost:  # level-2 sleep dropped the base weights the adapter needs
-                nbytes += _load_full(llm, base_weights(self._inner.module(), merged=False))
+                nbytes += _load_full(llm, self._adapter().base_model_weights())
                 self._base_lost = False
-            nbytes += self._lora.push(llm, self._inner.module())
+            nbytes += self._lora.push(llm, self._adapter())
         _reset_caches(llm)
         self._synced = version
         seconds = time.perf_counter() - t0

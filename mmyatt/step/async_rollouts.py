@@ -44,7 +44,7 @@ import torch
 
 from mmyatt.config.trainer import async_settings
 from mmyatt.outputs.metrics import PhaseTimer
-from mmyatt.protocols import adapter_of
+from mmyatt.protocols import LoRAOptions, adapter_of
 from mmyatt.rollout import Rollout
 
 logger = logging.getLogger("mmyatt.async")
@@ -283,17 +283,22 @@ def rollout_copy(policy, sampling):
         return copy.deepcopy(policy, memo)
 
 
+def _has_adapter(policy) -> bool:
+    adapter = adapter_of(policy)
+    return isinstance(adapter, LoRAOptions) and adapter.lora is not None
+
+
 def sampling_weights(policy, sampling) -> dict:
     """The weights the policy samples with now (inside ``sampling``), cloned; a LoRA
     policy's adapter only (the copy has the base, which never moves)."""
-    lora = getattr(adapter_of(policy), "lora", None) is not None
+    lora = _has_adapter(policy)
     with sampling(), torch.no_grad():
         state = policy.module().state_dict().items()
         return {k: v.detach().clone() for k, v in state if not lora or ".lora_" in k}
 
 
 def load_weights(policy, state: dict) -> None:
-    lora = getattr(adapter_of(policy), "lora", None) is not None
+    lora = _has_adapter(policy)
     with torch.no_grad():
         missing, unexpected = policy.module().load_state_dict(state, strict=not lora)
     if unexpected or any(".lora_" in k for k in missing):  # the adapter must fit, whole
