@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from mmyatt.config.checks import register_check
-from mmyatt.config.errors import ConfigError
 from mmyatt.config.section import Bool, Float, Int, Section
-
-if TYPE_CHECKING:
-    from mmyatt.config.run import RunConfig
 
 
 class DistributedConfig(Section):
@@ -77,28 +72,3 @@ class RolloutConfig(Section):
     compile_decode: Bool = False
     """hf_static_cache: torch.compile the decode step (mode reduce-overhead on CUDA: one
     CUDA graph per step; the default compiler on the CPU, minutes to compile)"""
-
-
-@register_check
-def check_fast_decode(cfg: RunConfig) -> None:
-    """rollout.hf_static_cache / compile_decode: where the fixed-shape decode runs."""
-    r = cfg.rollout
-    if r.compile_decode and not r.hf_static_cache:
-        raise ConfigError(
-            "rollout.compile_decode compiles the fixed-shape decode step: set "
-            "rollout.hf_static_cache=true too, or compile_decode=false"
-        )
-    if not r.hf_static_cache:
-        return
-    if r.backend != "hf" or cfg.model.kind not in ("text", "vlm"):
-        raise ConfigError(
-            "rollout.hf_static_cache is the decode of the text and VLM adapters (rollout."
-            f"backend=hf); got rollout.backend={r.backend}, model.kind={cfg.model.kind}: "
-            "set rollout.hf_static_cache=false"
-        )
-    if cfg.train.backend != "replica":
-        raise ConfigError(
-            "rollout.hf_static_cache calls the decoder's blocks directly, without the "
-            f"gathers of a sharded model (train.backend={cfg.train.backend}): use "
-            "train.backend=replica or rollout.hf_static_cache=false"
-        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmyatt.config.errors import ConfigError
+from mmyatt.config.trainer import async_settings
 
 if TYPE_CHECKING:
     from mmyatt.config.run import RunConfig
@@ -72,6 +73,81 @@ def check_rules(cfg: RunConfig) -> None:
             or bool(cfg.reward.judge.urls),
             "reward.functions has genrm but no judge is configured: set reward.judge.model "
             "(servers started with the run) or reward.judge.urls",
+        ),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)
+    check_fast_decode(cfg)
+    check_async(cfg)
+
+
+def check_fast_decode(cfg: RunConfig) -> None:
+    """rollout.hf_static_cache / compile_decode: where the fixed-shape decode runs."""
+    r = cfg.rollout
+    if r.compile_decode and not r.hf_static_cache:
+        raise ConfigError(
+            "rollout.compile_decode compiles the fixed-shape decode step: set "
+            "rollout.hf_static_cache=true too, or compile_decode=false"
+        )
+    if not r.hf_static_cache:
+        return
+    if r.backend != "hf" or cfg.model.kind not in ("text", "vlm"):
+        raise ConfigError(
+            "rollout.hf_static_cache is the decode of the text and VLM adapters (rollout."
+            f"backend=hf); got rollout.backend={r.backend}, model.kind={cfg.model.kind}: "
+            "set rollout.hf_static_cache=false"
+        )
+    if cfg.train.backend != "replica":
+        raise ConfigError(
+            "rollout.hf_static_cache calls the decoder's blocks directly, without the "
+            f"gathers of a sharded model (train.backend={cfg.train.backend}): use "
+            "train.backend=replica or rollout.hf_static_cache=false"
+        )
+
+
+def check_async(cfg: RunConfig) -> None:
+    """trainer.async beyond sync: what it runs with in this version, each limit named with
+    the way out."""
+    a = async_settings(cfg.trainer)
+    if a.mode == "sync":
+        return
+    key = f"trainer.async.mode={a.mode}"
+    rules = [
+        (
+            a.mode != "one_step_off" or a.sync_every == 1,
+            f"{key} syncs the weights every step; trainer.async.sync_every={a.sync_every} "
+            "applies to fully_async (leave it at 1, or use mode=fully_async)",
+        ),
+        (
+            a.mode != "fully_async" or a.max_staleness >= a.sync_every - 1,
+            f"{key} with trainer.async.sync_every={a.sync_every} trains on samples up to "
+            f"{a.sync_every - 1} steps old: trainer.async.max_staleness must be >= "
+            f"{a.sync_every - 1}, got {a.max_staleness}",
+        ),
+        (
+            cfg.distributed.nproc == 1,
+            f"{key} runs one controller (its producer thread shares no process group); "
+            f"distributed.nproc={cfg.distributed.nproc}: set distributed.nproc=1 or "
+            "trainer.async.mode=sync",
+        ),
+        (
+            cfg.placement.mode == "shared",
+            f"{key} overlaps generation with the update, which placement.mode="
+            f"{cfg.placement.mode} runs in series on pinned cores: set placement.mode=shared "
+            "or trainer.async.mode=sync",
+        ),
+        (
+            cfg.train.backend == "replica" and cfg.rollout.backend == "hf",
+            f"{key} keeps a rollout-side copy of an hf policy on the replica engine; "
+            f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend} are "
+            "not supported with it: use train.backend=replica, rollout.backend=hf or "
+            "trainer.async.mode=sync",
+        ),
+        (
+            not cfg.placement.offload_policy,
+            f"{key} keeps the policy on its device while the update runs: set "
+            "placement.offload_policy=false or trainer.async.mode=sync",
         ),
     ]
     for ok, message in rules:

@@ -3,16 +3,11 @@ trackers."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, create_model
 
-from mmyatt.config.checks import register_check
-from mmyatt.config.errors import ConfigError
 from mmyatt.config.section import Bool, Float, Int, Section, Str, Strings, one_or_many
-
-if TYPE_CHECKING:
-    from mmyatt.config.run import RunConfig
 
 
 class SFTConfig(Section):
@@ -101,56 +96,6 @@ TrainerConfig = create_model(
 def async_settings(trainer) -> AsyncConfig:
     """``trainer.async`` of a TrainerConfig."""
     return getattr(trainer, "async")
-
-
-@register_check
-def check_async(cfg: RunConfig) -> None:
-    """trainer.async beyond sync: what it runs with in this version, each limit named with
-    the way out."""
-    a = async_settings(cfg.trainer)
-    if a.mode == "sync":
-        return
-    key = f"trainer.async.mode={a.mode}"
-    rules = [
-        (
-            a.mode != "one_step_off" or a.sync_every == 1,
-            f"{key} syncs the weights every step; trainer.async.sync_every={a.sync_every} "
-            "applies to fully_async (leave it at 1, or use mode=fully_async)",
-        ),
-        (
-            a.mode != "fully_async" or a.max_staleness >= a.sync_every - 1,
-            f"{key} with trainer.async.sync_every={a.sync_every} trains on samples up to "
-            f"{a.sync_every - 1} steps old: trainer.async.max_staleness must be >= "
-            f"{a.sync_every - 1}, got {a.max_staleness}",
-        ),
-        (
-            cfg.distributed.nproc == 1,
-            f"{key} runs one controller (its producer thread shares no process group); "
-            f"distributed.nproc={cfg.distributed.nproc}: set distributed.nproc=1 or "
-            "trainer.async.mode=sync",
-        ),
-        (
-            cfg.placement.mode == "shared",
-            f"{key} overlaps generation with the update, which placement.mode="
-            f"{cfg.placement.mode} runs in series on pinned cores: set placement.mode=shared "
-            "or trainer.async.mode=sync",
-        ),
-        (
-            cfg.train.backend == "replica" and cfg.rollout.backend == "hf",
-            f"{key} keeps a rollout-side copy of an hf policy on the replica engine; "
-            f"train.backend={cfg.train.backend}, rollout.backend={cfg.rollout.backend} are "
-            "not supported with it: use train.backend=replica, rollout.backend=hf or "
-            "trainer.async.mode=sync",
-        ),
-        (
-            not cfg.placement.offload_policy,
-            f"{key} keeps the policy on its device while the update runs: set "
-            "placement.offload_policy=false or trainer.async.mode=sync",
-        ),
-    ]
-    for ok, message in rules:
-        if not ok:
-            raise ConfigError(message)
 
 
 class CheckpointConfig(Section):
