@@ -26,6 +26,7 @@ from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.media import check_media
 from mmyatt.distributed import Dist, init_from_env, launch, shutdown, under_launcher
 from mmyatt.engines import close_engines, controller_dist, group_reward
+from mmyatt.engines.megatron_group import MirrorCheckpointer
 from mmyatt.outputs import run_identity
 from mmyatt.outputs.metrics import read_metrics
 from mmyatt.outputs.samples import save_samples
@@ -302,9 +303,8 @@ def loop(ctl, cfg: RunConfig, dist: Dist) -> None:
     t, c = cfg.trainer, cfg.checkpoint
     log = ctl.logger
     say = logger.info if dist.is_main else (lambda *a, **k: None)
-    checkpointer = Checkpointer
-    if dist.mirror:  # reads the run's checkpoints, writes none
-        from mmyatt.engines.megatron_group import MirrorCheckpointer as checkpointer
+    # a megatron mirror reads the run's checkpoints and writes none
+    checkpointer = MirrorCheckpointer if dist.mirror else Checkpointer
     ck = checkpointer(
         ctl.run_dir / "checkpoints" / "state",
         rank=dist.rank,
