@@ -6,12 +6,15 @@ so the two runs may sum the same samples in another order)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from test_cli import TINY
 from test_resume import CFG, stop_and_resume, train_rows
 
 
+# two 2-controller runs and a resume: 46 s on 2 cores, so it runs in make test-slow
+@pytest.mark.slow
 def test_resumed_balancer_keeps_its_model_and_the_weights_match(tmp_path):
     args = [
         *TINY,
