@@ -5,6 +5,7 @@ trainer's."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from test_text_policy import CORPUS
 
 from mmyatt.config.schema import ConfigError, RolloutConfig, load_config
 from mmyatt.distributed import Dist
-from mmyatt.engines import ReplicaEngine, available
+from mmyatt.engines import ReplicaEngine, available, build_engines
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy, is_metrics, truncated_is_weights
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
@@ -193,9 +194,8 @@ def test_engine_samples_make_the_adapters_rollout(model_dir):
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
     engine_model = TextPolicy.load(model_dir, max_prompt_tokens=16).module()
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
-    cfg = RolloutConfig(backend="vllm", is_cap=2.0)
     v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), cfg, Dist(), llm=GreedyEngine(engine_model)
+        policy, ReplicaEngine(Dist()), Dist(), llm=GreedyEngine(engine_model), is_cap=2.0
     )
     s = Sampling(max_new_tokens=6, greedy=True)
     want = hf.generate(PROMPTS, 2, s, [1, 2])
@@ -225,8 +225,7 @@ FOUR = [
 def _stepped(model_dir, stops):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     engine = SteppedEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module(), stops)
-    cfg = RolloutConfig(backend="vllm")
-    return VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), llm=engine), engine
+    return VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine), engine
 
 
 def test_over_dispatch_stops_the_engine_once_the_batch_is_complete(model_dir):
@@ -300,9 +299,7 @@ def test_a_request_the_engine_drops_is_an_error_not_an_empty_group(model_dir):
 def test_weights_sync_after_an_update_only(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     engine = GreedyEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module())
-    v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), RolloutConfig(backend="vllm"), Dist(), llm=engine
-    )
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine)
     s = Sampling(max_new_tokens=3, greedy=True)
     v.generate(PROMPTS, 1, s, [1, 2])
     assert engine.loads == []  # built from the same weights: nothing to sync
@@ -322,15 +319,28 @@ def test_weights_sync_after_an_update_only(model_dir):
 
 def test_image_prompts_to_a_text_policy_are_refused(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        RolloutConfig(backend="vllm"),
-        Dist(),
-        llm=GreedyEngine(policy.module()),
-    )
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=GreedyEngine(policy.module()))
     with pytest.raises(ValueError, match="need a VLM policy"):
         v.generate([{"prompt": "x", "image": "a.png", "_index": 0}], 1, Sampling(), [1])
+
+
+OPTIONS = ("sleep_level", "gpu_memory_utilization", "is_cap")
+
+
+def test_the_engines_options_default_to_the_configs():
+    """The engine takes the rollout section's keys as plain arguments, defaults included."""
+    params = inspect.signature(VLLMRolloutPolicy).parameters
+    defaults = RolloutConfig()
+    assert {k: params[k].default for k in OPTIONS} == {k: getattr(defaults, k) for k in OPTIONS}
+
+
+def test_the_builder_hands_the_rollout_section_to_the_engine(model_dir):
+    """build_engines turns cfg.rollout into the engine's arguments (no engine starts)."""
+    rollout = RolloutConfig(backend="vllm", sleep_level=2, gpu_memory_utilization=0.3, is_cap=1.5)
+    cfg = load_config(None, [f"model.path={model_dir}"]).model_copy(update={"rollout": rollout})
+    _, v = build_engines(cfg, Dist(), TextPolicy.load(model_dir, max_prompt_tokens=16))
+    assert isinstance(v, VLLMRolloutPolicy) and v.model_path == cfg.model.path
+    assert {k: getattr(v, k) for k in OPTIONS} == {k: getattr(rollout, k) for k in OPTIONS}
 
 
 @pytest.mark.skipif(available("vllm"), reason="vllm is installed here")
@@ -375,8 +385,14 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     model_dir = vllm_model_dir
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
-    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(model_dir))
+    v = VLLMRolloutPolicy(
+        policy,
+        ReplicaEngine(Dist()),
+        Dist(),
+        model_path=str(model_dir),
+        gpu_memory_utilization=0.3,
+        sleep_level=0,
+    )
     s = Sampling(max_new_tokens=6, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
     assert torch.equal(got.actions, want.actions)
@@ -406,9 +422,13 @@ def test_real_vllm_over_dispatch_and_streaming_keep_a_full_decodes_samples(vllm_
     from mmyatt.placement.dispatch import complete_groups
 
     policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
     v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vllm_model_dir)
+        policy,
+        ReplicaEngine(Dist()),
+        Dist(),
+        model_path=str(vllm_model_dir),
+        gpu_memory_utilization=0.3,
+        sleep_level=0,
     )
     six = [{"prompt": f"What is {a} + 4?", "_index": a} for a in range(6)]
     seeds = [11, 12, 13, 14, 15, 16]
@@ -485,11 +505,10 @@ def test_adapter_of_sees_through_every_engine_wrapper(model_dir):
 
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     sharded = EnginePolicy(policy, ReplicaEngine(Dist()))
-    cfg = RolloutConfig(backend="vllm")
     for wrapped in (
         policy,
         sharded,
-        VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist()),
-        VLLMRolloutPolicy(sharded, ReplicaEngine(Dist()), cfg, Dist()),
+        VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist()),
+        VLLMRolloutPolicy(sharded, ReplicaEngine(Dist()), Dist()),
     ):
         assert adapter_of(wrapped) is policy

@@ -14,7 +14,6 @@ import torch
 from PIL import Image, ImageDraw
 from test_engines_vllm import Params
 
-from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
 from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
@@ -88,9 +87,7 @@ def test_requests_carry_expanded_ids_and_media_and_the_rollout_is_the_adapters(v
             (tokens, want.logprobs[i, :n].tolist(), "length" if want.truncated[i] else "stop")
         )
     engine = ReplayEngine(samples)
-    v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), RolloutConfig(backend="vllm"), Dist(), llm=engine
-    )
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine)
     got = v.generate(ps, 1, s, [1, 2, 3, 4])
 
     reqs = engine.requests
@@ -133,8 +130,14 @@ def test_real_vllm_vlm_greedy_equals_hf_and_logprobs_match(vlm_dir):
     in-place weight sync (language model and vision tower) serves the new weights."""
     policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
     hf = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
-    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(vlm_dir))
+    v = VLLMRolloutPolicy(
+        policy,
+        ReplicaEngine(Dist()),
+        Dist(),
+        model_path=str(vlm_dir),
+        gpu_memory_utilization=0.3,
+        sleep_level=0,
+    )
     s = Sampling(max_new_tokens=6, greedy=True)
     ps, seeds = prompts(), [1, 2, 3, 4]
     try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_text_policy import CORPUS
 
-from mmyatt.config.schema import RolloutConfig, load_config
+from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available, build_engines
 from mmyatt.models.builtin.tiny import build_tiny_text_model
@@ -91,8 +91,13 @@ def test_vllm_rollout_greedy_equals_hf_and_syncs_weights(model_dir):
 
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16, device=DEVICE)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16, device=DEVICE)
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.2)
-    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(model_dir))
+    v = VLLMRolloutPolicy(
+        policy,
+        ReplicaEngine(Dist()),
+        Dist(),
+        model_path=str(model_dir),
+        gpu_memory_utilization=0.2,
+    )
     s = Sampling(max_new_tokens=8, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2, 3, 4]), hf.generate(PROMPTS, 1, s, [1, 2, 3, 4])
     assert torch.equal(got.actions.cpu(), want.actions.cpu())

@@ -31,7 +31,7 @@ from test_text_policy import CORPUS
 from torch import nn
 
 from mmyatt.bench.lora_sync import bench_lora_sync
-from mmyatt.config.schema import ModelConfig, RolloutConfig
+from mmyatt.config.schema import ModelConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine
 from mmyatt.engines.vllm_lora import CONFIG, WEIGHTS, lora_engine_args, tensor_bytes
@@ -217,9 +217,7 @@ def test_lora_policy_syncs_its_adapter_only(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA)
     engine = LoRAEngine(TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA).module())
-    v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), RolloutConfig(backend="vllm"), Dist(), llm=engine
-    )
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine)
     adapter = tensor_bytes(adapter_tensors(policy.module()))
     full = tensor_bytes(ReplicaEngine(Dist()).full_weights(TextPolicy.load(model_dir)))
     folders = []
@@ -245,9 +243,7 @@ def test_lora_policy_syncs_its_adapter_only(model_dir):
 def test_full_fine_tune_syncs_its_whole_weights(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     engine = GreedyEngine(TextPolicy.load(model_dir, max_prompt_tokens=16).module())
-    v = VLLMRolloutPolicy(
-        policy, ReplicaEngine(Dist()), RolloutConfig(backend="vllm"), Dist(), llm=engine
-    )
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine)
     with torch.no_grad():
         next(policy.module().parameters()).add_(0.01)
     r = v.generate(PROMPTS, 1, GREEDY, [1, 2])
@@ -262,8 +258,7 @@ def test_level_2_sleep_sends_a_lora_policys_base_again(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA)
     engine = LoRAEngine(TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA).module())
     engine.sleep = engine.wake_up = lambda **kw: None
-    cfg = RolloutConfig(backend="vllm", sleep_level=2)
-    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), llm=engine)
+    v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), Dist(), llm=engine, sleep_level=2)
     v._can_sleep = lambda: True
     v.generate(PROMPTS, 1, GREEDY, [1, 2])
     assert engine.loads == [] and set(engine.adapters) == {1}
@@ -275,9 +270,7 @@ def test_level_2_sleep_sends_a_lora_policys_base_again(model_dir):
 def test_megatron_has_no_lora_path(model_dir):
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16, lora=LORA)
     with pytest.raises(ValueError, match="train.backend=replica or fsdp2"):
-        VLLMRolloutPolicy(
-            policy, SimpleNamespace(name="megatron"), RolloutConfig(backend="vllm"), Dist()
-        )
+        VLLMRolloutPolicy(policy, SimpleNamespace(name="megatron"), Dist())
 
 
 # ------------------------------------------------------------------ the recipes' models

@@ -222,7 +222,7 @@ def test_no_function_level_imports_of_the_project_anywhere_in_the_library():
 
 def test_wrappers_declare_what_they_forward_and_capabilities_are_the_adapters():
     bandit = BanditPolicy()
-    wrapped = VLLMRolloutPolicy(EnginePolicy(bandit, engine=None), None, None, None, llm=object())
+    wrapped = VLLMRolloutPolicy(EnginePolicy(bandit, engine=None), None, None, llm=object())
     assert adapter_of(wrapped) is bandit and isinstance(wrapped, PolicyWrapper)
     assert capable(wrapped, ReferenceKL) and not capable(wrapped, EMA)
     assert isinstance(wrapped, RolloutStats) and not capable(wrapped, RolloutStats)

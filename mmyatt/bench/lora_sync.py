@@ -38,7 +38,6 @@ import torch
 from mmyatt.bench.engines import build_text_model
 from mmyatt.bench.runs import machine
 from mmyatt.config.builtin import builtin_folder
-from mmyatt.config.schema import RolloutConfig
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
 from mmyatt.engines.vllm_lora import tensor_bytes
@@ -102,7 +101,6 @@ def _head_dim(policy) -> int:
 def _vllm_seconds(adapted, full, path: Path, reps: int, alternate: bool) -> dict:
     """``sync/seconds`` of ``reps`` syncs per arm into a real engine each (after its
     first), the arms alternating (``alternate``) or one after the other."""
-    cfg = RolloutConfig(backend="vllm", gpu_memory_utilization=0.3, sleep_level=0)
     arms = {"lora_sync": adapted, "full_sync": full}
     out = {arm: {"samples": [], "bytes_logged": set()} for arm in arms}
 
@@ -113,7 +111,14 @@ def _vllm_seconds(adapted, full, path: Path, reps: int, alternate: bool) -> dict
         out[arm]["bytes_logged"].add(int(v.timings["sync/bytes"]))
 
     def engine(policy):
-        v = VLLMRolloutPolicy(policy, ReplicaEngine(Dist()), cfg, Dist(), model_path=str(path))
+        v = VLLMRolloutPolicy(
+            policy,
+            ReplicaEngine(Dist()),
+            Dist(),
+            model_path=str(path),
+            gpu_memory_utilization=0.3,
+            sleep_level=0,
+        )
         v.sync_weights()  # the engine starts; its first sync is not counted
         return v
 

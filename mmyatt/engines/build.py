@@ -48,7 +48,16 @@ def build_engines(cfg, dist, policy: Policy) -> tuple[Engine, Policy]:
         engine.enable_reference(policy)
     wrapped = engine.wrap(policy)
     if cfg.rollout.backend == "vllm":
-        wrapped = VLLMRolloutPolicy(wrapped, engine, cfg.rollout, dist, model_path=cfg.model.path)
+        r = cfg.rollout
+        wrapped = VLLMRolloutPolicy(
+            wrapped,
+            engine,
+            dist,
+            model_path=cfg.model.path,
+            sleep_level=r.sleep_level,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            is_cap=r.is_cap,
+        )
     return engine, wrapped
 
 

@@ -153,11 +153,30 @@ class VLLMRolloutPolicy(WrappedPolicy):
     """The controller's policy with generation on vLLM (see the module docstring); the
     ``RolloutStats`` capability. Everything but generation is ``inner``'s (the training
     engine's policy). ``llm`` may be given (tests pass an object with vLLM's
-    ``generate`` interface)."""
+    ``generate`` interface).
 
-    def __init__(self, inner: Policy, engine, rollout_cfg, dist, *, model_path=None, llm=None):
+    The options are the run config's ``rollout.*`` keys of the same names (and
+    defaults): ``sleep_level`` (0, 1 or 2: how deep the engine sleeps during training;
+    0 stays awake), ``gpu_memory_utilization`` (the device share its KV cache may take)
+    and ``is_cap`` (the TIS cap C; 0 turns the correction off)."""
+
+    def __init__(
+        self,
+        inner: Policy,
+        engine,
+        dist,
+        *,
+        model_path=None,
+        llm=None,
+        sleep_level: int = 1,
+        gpu_memory_utilization: float = 0.4,
+        is_cap: float = 2.0,
+    ):
         super().__init__(inner)
-        self._engine, self.cfg, self.dist = engine, rollout_cfg, dist
+        self._engine, self.dist = engine, dist
+        self.sleep_level = sleep_level
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.is_cap = is_cap
         self.model_path = model_path
         self._llm = llm
         self._synced = None if llm is None else self._version()
@@ -191,9 +210,9 @@ class VLLMRolloutPolicy(WrappedPolicy):
             dtype = str(next(self._inner.module().parameters()).dtype).replace("torch.", "")
             from vllm.platforms import current_platform
 
-            if self.cfg.sleep_level > 0 and not current_platform.is_sleep_mode_available():
+            if self.sleep_level > 0 and not current_platform.is_sleep_mode_available():
                 raise ValueError(
-                    f"rollout.sleep_level={self.cfg.sleep_level}: vLLM's sleep mode needs a "
+                    f"rollout.sleep_level={self.sleep_level}: vLLM's sleep mode needs a "
                     f"GPU, and this vLLM runs on {current_platform.device_type or 'the CPU'}; "
                     "set rollout.sleep_level=0 (the engine stays awake during training)"
                 )
@@ -204,8 +223,8 @@ class VLLMRolloutPolicy(WrappedPolicy):
                 model=str(self.model_path),
                 dtype=dtype,
                 seed=0,
-                gpu_memory_utilization=self.cfg.gpu_memory_utilization,
-                enable_sleep_mode=self.cfg.sleep_level > 0,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                enable_sleep_mode=self.sleep_level > 0,
                 logprobs_mode="processed_logprobs",
                 enforce_eager=True,
                 **extra,
@@ -224,7 +243,7 @@ class VLLMRolloutPolicy(WrappedPolicy):
             self._lora.close()
 
     def _can_sleep(self) -> bool:
-        return self.cfg.sleep_level > 0 and torch.cuda.is_available()
+        return self.sleep_level > 0 and torch.cuda.is_available()
 
     def _version(self) -> tuple:
         return tuple(p._version for p in self._inner.module().parameters())
@@ -268,7 +287,7 @@ class VLLMRolloutPolicy(WrappedPolicy):
             t0 = time.perf_counter()
             llm.wake_up()
             self._asleep = False
-            if self.cfg.sleep_level == 2:  # the weights were dropped: send them again
+            if self.sleep_level == 2:  # the weights were dropped: send them again
                 self._synced = None
                 self._base_lost = self._lora is not None
             self.timings["rollout/wake_s"] = time.perf_counter() - t0
@@ -313,7 +332,7 @@ class VLLMRolloutPolicy(WrappedPolicy):
         self._correct(r)
         if self._can_sleep():
             t0 = time.perf_counter()
-            llm.sleep(level=self.cfg.sleep_level)
+            llm.sleep(level=self.sleep_level)
             self._asleep = True
             self.timings["rollout/sleep_s"] = time.perf_counter() - t0
         self._engine.keep_filler(r)  # a lockstep engine's idle passes run on two of these
@@ -340,7 +359,7 @@ class VLLMRolloutPolicy(WrappedPolicy):
         engine_lp = r.logprobs
         with torch.no_grad(), self._engine.rollout_weights(self._inner):
             trainer_lp = self._inner.logprobs(r).detach().float()
-        w, sums = truncated_is_weights(trainer_lp, engine_lp, r.mask, self.cfg.is_cap)
+        w, sums = truncated_is_weights(trainer_lp, engine_lp, r.mask, self.is_cap)
         r.logprobs = trainer_lp
         r.context["engine_logprobs"] = engine_lp
         r.context["is_weight"] = w
