@@ -4,7 +4,7 @@
 ``FluxTransformer2DModel`` or ``WanTransformer3DModel``) plus a frozen text encoder and
 implements the Policy protocol: a rollout's actions are the denoising transitions
 x_k -> x_{k+1} at the trained steps, each with the log-prob of the Gaussian SDE step of
-``flow_sde``.
+``flow_sde``; the denoising loop that samples them is ``flow_sampler``'s.
 
 It runs the tiny built-ins (``flow_tiny``) in PIXEL space and standard diffusers
 pipeline folders (SD3, Flux, Wan 2.1; ``flow_pipeline``) in LATENT space; loading,
@@ -26,7 +26,6 @@ fixed-size batch was verified not to change results.
 
 from __future__ import annotations
 
-import math
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -39,7 +38,8 @@ from mmyatt.models.ema import EMAWeights
 from mmyatt.models.flow_io import TRANSFORMERS, add_lora, images_to_tensor, tensor_to_images
 from mmyatt.models.flow_kl import FlowReference, transition_kl
 from mmyatt.models.flow_pipeline import pipeline_sigmas, transformer_forward
-from mmyatt.models.flow_sde import cps_step, euler_step, flow_sigmas, plan_steps, sde_step
+from mmyatt.models.flow_sampler import denoise, initial_noise, step_fn
+from mmyatt.models.flow_sde import flow_sigmas, plan_steps, step_entropy
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout
 
@@ -335,11 +335,8 @@ class FlowPolicy:
         steps = int(sampling.denoise_steps)
         sigmas = self._sigmas(steps).to(self.device)
         sde_set, train = plan_steps(sampling, steps)
-        step_fn = _step_fn(sampling.sde_type)
-        a = 0.0 if sampling.greedy else float(sampling.noise_level)
         g_scale = float(sampling.guidance_scale)
-        n, shape = len(prompts) * group_size, self.sample_shape
-        dev = self.device
+        n, dev = len(prompts) * group_size, self.device
 
         cond1, pooled1 = self._encode_each([str(r["prompt"]) for r in prompts])
         cond = cond1.repeat_interleave(group_size, 0)
@@ -351,57 +348,29 @@ class FlowPolicy:
         uncond_pooled = un_p.expand(n, -1).contiguous()
         guidance = torch.full((n,), g_scale, device=dev)
 
+        def velocity(x: Tensor, sigma: Tensor) -> Tensor:
+            return self._guided_velocity(
+                self.transformer, x, sigma, cond, pooled, uncond, uncond_pooled, guidance
+            )
+
         gens = [seeded_generator(s, dev) for s in seeds]
-        # One initial noise per prompt, shared by its group (flow_grpo same_latent): the
-        # group's samples then differ only by the SDE noise, which sharpens advantages.
-        # shared_group_noise=False draws one per sample (ODE rollouts: DiffusionNFT).
-        draws = 1 if self.shared_group_noise else group_size
-        x = torch.cat(
-            [
-                torch.randn((draws, *shape), generator=gen, device=dev).expand(group_size, *shape)
-                for gen in gens
-            ]
+        x = initial_noise(gens, group_size, self.sample_shape, shared=self.shared_group_noise)
+        run = denoise(
+            velocity,
+            x,
+            sigmas,
+            gens,
+            sde_steps=sde_set,
+            train_steps=train,
+            sde_type=sampling.sde_type,
+            noise_level=0.0 if sampling.greedy else float(sampling.noise_level),
         )
-        xs, acts, lps, sig, sig_next, levels = [], [], [], [], [], []
-        with torch.no_grad():
-            for k in range(steps):
-                s_k = sigmas[k].repeat(n)
-                s_n = sigmas[k + 1].repeat(n)
-                v = self._guided_velocity(
-                    self.transformer, x, s_k, cond, pooled, uncond, uncond_pooled, guidance
-                )
-                level = a if k in sde_set else 0.0
-                if level > 0.0:
-                    noise = torch.cat(
-                        [
-                            torch.randn((group_size, *shape), generator=gen, device=dev)
-                            for gen in gens
-                        ]
-                    )
-                    x_next, lp, _, _ = step_fn(
-                        x, v, s_k, s_n, torch.full((n,), level, device=dev), noise=noise
-                    )
-                else:
-                    x_next, lp = euler_step(x, v, s_k, s_n), torch.zeros(n, device=dev)
-                if k in train:
-                    xs.append(x)
-                    acts.append(x_next)
-                    lps.append(lp)
-                    sig.append(s_k)
-                    sig_next.append(s_n)
-                    levels.append(torch.full((n,), level, device=dev))
-                x = x_next
-
-        def stack(ts: list[Tensor], tail: tuple[int, ...]) -> Tensor:
-            return torch.stack(ts, 1) if ts else torch.zeros((n, 0, *tail), device=dev)
-
-        level_t = stack(levels, ())
         records = [r for r in prompts for _ in range(group_size)]
         context = {
-            "x": stack(xs, shape),
-            "sigma": stack(sig, ()),
-            "sigma_next": stack(sig_next, ()),
-            "noise_level": level_t,  # (N, A): a at SDE steps, 0 at ODE ones
+            "x": run.x,
+            "sigma": run.sigma,
+            "sigma_next": run.sigma_next,
+            "noise_level": run.noise_level,  # (N, A): a at SDE steps, 0 at ODE ones
             "cond": cond,
             "pooled": pooled,
             "uncond": uncond,
@@ -410,18 +379,22 @@ class FlowPolicy:
             "sde_type": sampling.sde_type,
             # the final samples before any VAE decode, and the sampler's noise levels:
             # what DiffusionNFT trains on (models/flow_nft.py) and latent rewards read
-            "x0": x,
+            "x0": run.final,
             "sampler_sigmas": sigmas[:-1].unsqueeze(0).expand(n, -1).contiguous(),
         }
         return Rollout(
             prompt_ids=[str(r.get("id", r["prompt"])) for r in records],
-            actions=stack(acts, shape),
-            logprobs=stack(lps, ()).float(),
+            actions=run.actions,
+            logprobs=run.logprobs,
             # a deterministic step (greedy, noise 0, or a trained step outside sde_steps
             # in eval) has no density: it is recorded but not an action
-            mask=(level_t > 0).float(),
+            mask=(run.noise_level > 0).float(),
             context=context,
-            outputs=tensor_to_images(self.to_pixels(x)) if self.decode_outputs else list(x),
+            outputs=(
+                tensor_to_images(self.to_pixels(run.final))
+                if self.decode_outputs
+                else list(run.final)
+            ),
             records=records,
             truncated=torch.zeros(n, dtype=torch.bool),
         )
@@ -448,7 +421,7 @@ class FlowPolicy:
             per_action(ctx["uncond_pooled"]),
             per_action(ctx["guidance_scale"]),
         )
-        _, lp, mu, std = _step_fn(ctx["sde_type"])(
+        _, lp, mu, std = step_fn(ctx["sde_type"])(
             ctx["x"].flatten(0, 1),
             v,
             ctx["sigma"].reshape(-1),
@@ -461,14 +434,6 @@ class FlowPolicy:
     def _transition_logprobs(self, model: nn.Module, rollout: Rollout) -> tuple[Tensor, Tensor]:
         lp, std, _ = self._transitions(model, rollout)
         return lp, std
-
-    @staticmethod
-    def _entropy(std: Tensor) -> Tensor:
-        return torch.where(
-            std > 0,
-            torch.log(std.clamp_min(1e-30)) + 0.5 * (1.0 + math.log(2.0 * math.pi)),
-            torch.zeros_like(std),
-        )
 
     def logprobs(
         self, rollout: Rollout, with_entropy: bool = False
@@ -484,7 +449,7 @@ class FlowPolicy:
         lp, std = self._transition_logprobs(self.transformer, rollout)
         if not with_entropy:
             return lp
-        return lp, self._entropy(std)
+        return lp, step_entropy(std)
 
     # ---- KL reference (ReferenceKL, ClosedFormKL; models/flow_kl.py) -----------------------
     def enable_reference(self) -> None:
@@ -518,7 +483,7 @@ class FlowPolicy:
         if "ref_mean" not in rollout.context:
             raise RuntimeError("no reference means: call attach_reference_means(rollout) first")
         lp, std, mu = self._transitions(self.transformer, rollout)
-        return lp, self._entropy(std), transition_kl(std, mu, rollout.context, estimator, block)
+        return lp, step_entropy(std), transition_kl(std, mu, rollout.context, estimator, block)
 
     def reference_velocity(self, x: Tensor, t: Tensor, cond: Tensor, pooled: Tensor) -> Tensor:
         """The KL reference's velocity at (x, t), no grad (DiffusionNFT's KL term)."""
@@ -590,11 +555,3 @@ class FlowPolicy:
         xt = (1.0 - tb) * x0 + tb * eps
         v = self._forward(self.transformer, xt, t, cond, pooled).float()
         return ((v - (eps - x0)) ** 2).mean()
-
-
-def _step_fn(sde_type: str):
-    if sde_type == "sde":
-        return sde_step
-    if sde_type == "cps":
-        return cps_step
-    raise ValueError(f"sde_type must be 'sde' or 'cps', got {sde_type!r}")

@@ -40,6 +40,7 @@ __all__ = [
     "kl_closed_form",
     "plan_steps",
     "sde_step",
+    "step_entropy",
     "within_blocks",
 ]
 
@@ -168,6 +169,16 @@ def cps_step(
     lp = -((x_next.detach() - mu) ** 2)
     lp = torch.where(deterministic, torch.zeros_like(lp), lp)
     return x_next, lp.mean(dim=tuple(range(1, lp.ndim))), mu, s
+
+
+def step_entropy(std: Tensor) -> Tensor:
+    """Per-element entropy 0.5 * log(2 pi e std^2) of a Gaussian step of standard deviation
+    ``std``; 0 where the step is deterministic (std = 0)."""
+    return torch.where(
+        std > 0,
+        torch.log(std.clamp_min(1e-30)) + 0.5 * (1.0 + math.log(2.0 * math.pi)),
+        torch.zeros_like(std),
+    )
 
 
 def flow_sigmas(num_steps: int, shift: float = 3.0) -> Tensor:
