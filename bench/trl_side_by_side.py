@@ -41,7 +41,8 @@ MMYATT_ARMS = (("mmyatt_1x2", 1, 2), ("mmyatt_2x1", 2, 1))
 def prepare(tmp: Path) -> tuple[Path, Path]:
     """The bench's tiny model and its arithmetic prompts, made once for both sides."""
     from mmyatt.config.schema import load_config
-    from mmyatt.step.run import prepare_run, quiet_libraries
+    from mmyatt.step.prepare import prepare_run
+    from mmyatt.step.run import quiet_libraries
 
     quiet_libraries()
     cfg = prepare_run(load_config(str(CONFIG), []), tmp / "prepared", log=lambda *a, **k: None)

@@ -31,7 +31,7 @@ KNOWN = {
     "mmyatt.datasets.synthetic",
     "mmyatt.datasets.media",
     "mmyatt.datasets.vision_tasks",
-    "mmyatt.step.run",
+    "mmyatt.step.loop",
     "mmyatt.report.inspect",
 }
 # examples that do not pass yet, each with why; strict, so a fix makes the entry fail

@@ -18,7 +18,7 @@ from mmyatt.models.builtin.train_tiny_judge import rule_judge_records
 from mmyatt.models.flow_sde import kl_closed_form, within_blocks
 from mmyatt.rewards.quality import texture, texture_metrics
 from mmyatt.step.freeze import freeze_parameters
-from mmyatt.step.run import print_summary
+from mmyatt.step.summary import print_summary
 
 
 # --- the judge's data never shows or asks about a held-out combination ----------------------

@@ -225,7 +225,7 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
     """A settled judge pays one extra load at start (seconds for a large judge), so the
     run asks for it only where the judge will be released between phases."""
     from mmyatt.config.schema import load_config
-    from mmyatt.step import run
+    from mmyatt.step import prepare
 
     seen = {}
 
@@ -234,7 +234,7 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
             seen.update(kw)
             self.urls = ["http://127.0.0.1:1/v1"]
 
-    monkeypatch.setattr(run, "JudgePool", Pool)  # the name the run starts its judges with
+    monkeypatch.setattr(prepare, "JudgePool", Pool)  # the name the run starts its judges with
     (tmp_path / "judge").mkdir()
     cfg = load_config(
         None,
@@ -246,7 +246,7 @@ def test_the_run_settles_its_judge_only_where_placement_releases_it(
             "reward.functions=[{name: genrm}]",
         ],
     )
-    run.start_judges(cfg, tmp_path)
+    prepare.start_judges(cfg, tmp_path)
     assert seen["settle"] is settle
 
 

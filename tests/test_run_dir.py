@@ -13,7 +13,7 @@ from mmyatt.config.schema import load_config
 from mmyatt.datasets.manifest import ManifestError
 from mmyatt.outputs.run_identity import IDENTITY_FILE, RunDirError, claim, record
 from mmyatt.step import builders
-from mmyatt.step.run import check_data
+from mmyatt.step.prepare import check_data
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "configs" / "text_grpo_tiny.yaml"

@@ -16,7 +16,8 @@ from mmyatt.outputs.run_identity import RunDirError, is_run
 from mmyatt.report.html import write_report
 from mmyatt.serving.server import add_arguments as add_serve_arguments
 from mmyatt.serving.server import cli_main as serve_genrm
-from mmyatt.step.run import controller_main, print_summary, sft_command, train
+from mmyatt.step.run import controller_main, sft_command, train
+from mmyatt.step.summary import print_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "configs"

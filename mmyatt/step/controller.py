@@ -7,8 +7,8 @@ controllers. Between controllers travel gradients, scalar metrics and counts onl
 Reading ``step`` top to bottom is reading the algorithm: collect, advantages, update.
 
 What this file deliberately leaves out: process start-up and the run loop
-(``mmyatt.step.run``), config -> objects (``mmyatt.step.builders``: every object here
-is handed its plain settings, none reads the run config), the math
+(``mmyatt.step.run``, ``mmyatt.step.loop``), config -> objects (``mmyatt.step.builders``:
+every object here is handed its plain settings, none reads the run config), the math
 (``mmyatt.algorithms``), anything modality-specific (the adapters in ``mmyatt.models``),
 who runs where and how generation and scoring overlap (``mmyatt.placement``), the
 losses (``mmyatt.step.policy_loss``), the optimizer steps (``mmyatt.step.trainer``),
