@@ -1,9 +1,10 @@
 """One token-by-token decode loop for every autoregressive adapter (text, VLM, judge).
 
-The adapter owns the model call (prefill, cache, positions, media); this module owns
-what happens to the logits: tempering, token bans, the draw, the log-prob of the draw,
-stopping, and the bookkeeping of actions and masks. Everything is done once per step on
-the whole (N, V) batch, in place where the logits are ours:
+The adapter owns the model call (prefill, cache, positions, media; ``new_cache`` makes
+its empty key/value cache); this module owns what happens to the logits: tempering,
+token bans, the draw, the log-prob of the draw, stopping, and the bookkeeping of actions
+and masks. Everything is done once per step on the whole (N, V) batch, in place where
+the logits are ours:
 
 * the draw is the exponential race that ``torch.multinomial(p, 1)`` itself uses
   (argmax of p / q with q ~ Exp(1)), with each prompt's q drawn from its own generator
@@ -24,12 +25,21 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache
 
 # the functions `mmyatt.step.profile` times as "sampling" (the per-step logits math)
 SAMPLING_KERNELS = ("temper", "draw", "chosen_logprob")
 
 # noise drawn ahead per prompt: at most this many floats per chunk of steps
 _NOISE_CHUNK_ELEMS = 1 << 22
+
+
+def new_cache(model) -> DynamicCache:
+    """An empty key/value cache for ``model`` (a transformers model)."""
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # transformers releases whose DynamicCache takes no config
+        return DynamicCache()
 
 
 def temper(logits: Tensor, temperature: float, banned: Tensor, *, inplace: bool = False) -> Tensor:

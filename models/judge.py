@@ -167,14 +167,6 @@ class TextJudge:
             logits[:, self._n_real :] = float("-inf")
         return logits
 
-    def _new_cache(self):
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:
-            return DynamicCache()
-
     def _token_str(self, token_id: int) -> str:
         text = self._token_strs.get(token_id)
         if text is None:
@@ -216,7 +208,7 @@ class TextJudge:
             device = ids.device
             positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
             next_pos = prompt_mask.sum(-1, keepdim=True)
-            cache = self._new_cache()
+            cache = decode.new_cache(self.model)
             attn = decode.attention_buffer(prompt_mask, max_new_tokens)
             width = ids.shape[1]
 

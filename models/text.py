@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
@@ -147,7 +147,7 @@ class TextPolicy:
         # own, StaticKVDecoder); False: the model's own attention kernel
         self.cpu_kernels = True
         # scoring runs a group's shared prompt once and gathers its cache to the rows
-        self._can_share_prefix = hasattr(self._new_cache(), "layers")
+        self._can_share_prefix = hasattr(decode.new_cache(self.model), "layers")
         # rollout.hf_static_cache / compile_decode (set_decode): fixed-shape decode steps
         # over a cache kept between rollouts, compiled or not; None: the steps above
         self.fast_decode: FastDecode | None = None
@@ -243,7 +243,7 @@ class TextPolicy:
         # Prefill each prompt once (B rows), then repeat its cache for the G samples.
         prompt_b, mask_b = self._left_pad(self.encode_prompts(prompts), device)
         positions = (mask_b.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
-        cache = self._new_cache()
+        cache = decode.new_cache(self.model)
         out = self._forward(prompt_b, mask_b, positions, cache=cache, keep=1)
         first_logits = out.logits[:, -1].repeat_interleave(G, 0)  # (N, V)
         if G > 1:
@@ -364,7 +364,7 @@ class TextPolicy:
         if len(first_row) == ids.shape[0] or not self._can_share_prefix or cut < 1:
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
             return self._forward(ids, attn, positions, keep=last).logits[:, -last:]
-        cache = self._new_cache()
+        cache = decode.new_cache(self.model)
         p_ids, p_attn = ids[first_row, :cut], attn[first_row, :cut]
         p_pos = (p_attn.cumsum(-1) - 1).clamp(min=0)
         head = self._forward(p_ids, p_attn, p_pos, cache=cache, keep=1).logits[:, -1:]
@@ -454,12 +454,6 @@ class TextPolicy:
         if self.cpu_kernels and cpu_kernels.applies(self.model, length):
             return cpu_kernels.fast_forward(self.model)
         return contextlib.nullcontext()
-
-    def _new_cache(self):
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:  # transformers releases whose DynamicCache takes no config
-            return DynamicCache()
 
     def _prompt_text(self, record: dict) -> tuple[str, bool]:
         """The prompt as text, and whether the tokenizer should add its special tokens

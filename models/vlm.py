@@ -7,7 +7,8 @@ recorded at sampling and recomputed with the same numerics. Each prompt (and its
 is prefilled once and its KV cache repeated for the G samples, so the vision tower runs
 B times per rollout, not B * G.
 
-What a VLM adds (media and placeholders: :mod:`mmyatt.models.vlm_inputs`):
+What a VLM adds (media and placeholders: :mod:`mmyatt.models.vlm_inputs`; the model's
+positions and forward: :mod:`mmyatt.models.vlm_forward`):
 
 * **M-RoPE positions.** Prompt positions ``(3, N, P)`` come from the model's own
   ``get_rope_index`` (left padding excluded by the attention mask). Everything after
@@ -33,7 +34,6 @@ list, and ``logprobs`` concatenates the tensors of the rows it scores.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import logging
 from pathlib import Path
@@ -51,8 +51,8 @@ from mmyatt.protocols import Sampling, seeded_generator
 from mmyatt.rollout import Rollout, prompt_id
 
 from .lora import adapter_tensors, add_lora, base_weights, peft_config
-from .vlm_features import VisionFeatures, is_encoded
-from .vlm_inputs import MEDIA_KEYS, VLMPrompts
+from .vlm_forward import VLMForward
+from .vlm_inputs import VLMPrompts
 
 logger = logging.getLogger("mmyatt.models.vlm")
 
@@ -159,16 +159,8 @@ class VLMPolicy:
         self.banned_ids = sorted(banned)
         self.banned_tokens = torch.tensor(self.banned_ids, dtype=torch.long)
 
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        # vision features in place of pixels, for placement.balance (vlm_features)
-        self.features = VisionFeatures(
-            model, self.image_token_id, self.video_token_id, cache_kwarg=self._cache_kwarg
-        )
-        self._has_logits_to_keep = "logits_to_keep" in params
-        self._has_mm_types = "mm_token_type_ids" in params
-        rope = self._rope_fn(model)
-        self._rope_params = inspect.signature(rope).parameters
+        # positions and forwards, pixels or vision features (vlm_forward)
+        self.forward = VLMForward(model, self.image_token_id, self.video_token_id)
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -282,11 +274,11 @@ class VLMPolicy:
         A = sampling.max_new_tokens
         ids_b, attn_b = self._left_pad([p["ids"] for p in prepared], width, device)
         media_b = [p["media"] for p in prepared]
-        positions_b = self._positions(ids_b, attn_b, media_b)  # (3, B, P)
+        positions_b = self.forward.positions(ids_b, attn_b, media_b)  # (3, B, P)
 
         # Prefill each prompt once, then repeat its cache for the G samples.
-        cache = self._new_cache()
-        out = self._forward(
+        cache = decode.new_cache(self.model)
+        out = self.forward(
             self.model, ids_b, attn_b, positions_b, media=media_b, cache=cache, keep=1
         )
         last_logits = out.logits[:, -1].repeat_interleave(G, 0)
@@ -301,7 +293,7 @@ class VLMPolicy:
         def forward_next(token: Tensor, t: int) -> Tensor:
             pos = (next_pos + t).view(1, -1, 1).expand(3, -1, 1)
             cols = attn[:, : P + t + 1]
-            out = self._forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
+            out = self.forward(self.model, token[:, None], cols, pos, cache=cache, keep=1)
             return out.logits[:, -1]
 
         if self.fast_decode is not None:  # text positions: the same on M-RoPE's 3 axes
@@ -361,8 +353,8 @@ class VLMPolicy:
         live = mask.any(0).nonzero()
         last = int(live[-1]) + 1 if len(live) else 1
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
-        positions = self._positions(ids, attn, media)
-        out = self._forward(model, ids, attn, positions, media=media, keep=last)
+        positions = self.forward.positions(ids, attn, media)
+        out = self.forward(model, ids, attn, positions, media=media, keep=last)
         kept = mask[:, :last]
         # in chunks of rows, never the (N, last, V) logits in fp32 (models/logprobs.py)
         scored = token_logprobs(
@@ -397,8 +389,8 @@ class VLMPolicy:
         for i, lb in enumerate(labels):
             lab[i, ids.shape[1] - len(lb) :] = torch.tensor(lb)
         media = [p["media"] for p in prepared]
-        positions = self._positions(ids, attn, media)
-        out = self._forward(self.model, ids, attn, positions, media=media)
+        positions = self.forward.positions(ids, attn, media)
+        out = self.forward(self.model, ids, attn, positions, media=media)
         logits = self.tempered(out.logits[:, :-1], 1.0)
         return F.cross_entropy(
             logits.flatten(0, 1), lab[:, 1:].flatten(), ignore_index=IGNORE_INDEX
@@ -422,8 +414,8 @@ class VLMPolicy:
         device = self._device()
         ids, attn = self._left_pad([p["ids"] for p in prepared], None, device)
         media = [p["media"] for p in prepared]
-        out = self._forward(
-            self.model, ids, attn, self._positions(ids, attn, media), media=media, keep=1
+        out = self.forward(
+            self.model, ids, attn, self.forward.positions(ids, attn, media), media=media, keep=1
         )
         logp = self.tempered(out.logits[:, -1], 1.0).log_softmax(-1)
         k = min(top_k, logp.shape[-1] - len(self.banned_ids))
@@ -469,70 +461,7 @@ class VLMPolicy:
             for i, (text, n) in enumerate(zip(res["outputs"], lengths))
         ]
 
-    # --- model plumbing --------------------------------------------------------------
-    @staticmethod
-    def _rope_fn(model):
-        fn = getattr(model, "get_rope_index", None)
-        return fn if fn is not None else model.model.get_rope_index
-
-    def _mm_types(self, ids: Tensor) -> Tensor:
-        types = torch.zeros_like(ids, dtype=torch.int32)
-        types[ids == self.image_token_id] = 1
-        types[ids == self.video_token_id] = 2
-        return types
-
-    def _batch_media(self, media: list[dict], device) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for key in MEDIA_KEYS:
-            parts = [m[key] for m in media if m.get(key) is not None]
-            if parts:
-                out[key] = torch.cat(parts).to(device)
-        return out
-
-    def _positions(self, ids: Tensor, attn: Tensor, media: list[dict]) -> Tensor:
-        """(3, N, L) M-RoPE positions from the model's own ``get_rope_index``."""
-        batched = self._batch_media(media, ids.device)
-        kw: dict[str, Any] = {
-            "image_grid_thw": batched.get("image_grid_thw"),
-            "video_grid_thw": batched.get("video_grid_thw"),
-            "attention_mask": attn,
-        }
-        if "mm_token_type_ids" in self._rope_params:
-            kw["mm_token_type_ids"] = self._mm_types(ids)
-        if "second_per_grid_ts" in self._rope_params:
-            kw["second_per_grid_ts"] = batched.get("second_per_grid_ts")
-        positions, _ = self._rope_fn(self.model)(ids, **kw)
-        return positions
-
-    def _forward(self, model, ids, attn, positions, *, media=None, cache=None, keep: int = 0):
-        kw: dict[str, Any] = {self._cache_kwarg: cache}
-        if keep and self._has_logits_to_keep:
-            kw["logits_to_keep"] = keep
-        if media is not None and any(is_encoded(m) for m in media):  # encode_media's features
-            return self.features.forward_encoded(model, ids, attn, positions, media, kw)
-        if media is not None:
-            batched = self._batch_media(media, ids.device)
-            for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-                if key in batched:
-                    kw[key] = batched[key]
-            if self._has_mm_types:
-                kw["mm_token_type_ids"] = self._mm_types(ids)
-        return model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=positions,
-            use_cache=cache is not None,
-            **kw,
-        )
-
-    def _new_cache(self):
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:
-            return DynamicCache()
-
+    # --- device ----------------------------------------------------------------------
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
@@ -552,7 +481,7 @@ class VLMPolicy:
     def encode_media(self, rollout: Rollout) -> Rollout:
         """``rollout`` with each sample's pixels replaced by the frozen vision tower's
         output (``VisionFeatures.encode_media``)."""
-        return self.features.encode_media(rollout)
+        return self.forward.features.encode_media(rollout)
 
     def encode_prompts(self, records: list[dict]) -> list[list[int]]:
         """Each record's prompt ids, vision placeholders expanded (its media are read)."""

@@ -4,7 +4,8 @@
 keeps its output, one row per placeholder token, beside the grids M-RoPE needs;
 ``forward_encoded`` puts those rows where the model would put the tower's output. The
 samples can then train on any controller, and only their token tensors move
-(mmyatt/placement/exchange.py). ``VLMPolicy`` (models/vlm.py) holds one, over its model.
+(mmyatt/placement/exchange.py). ``VLMForward`` (models/vlm_forward.py), which ``VLMPolicy``
+holds, holds one over its model.
 """
 
 from __future__ import annotations

@@ -271,8 +271,8 @@ def drop_stale(r: Rollout, version: int, max_staleness: int) -> tuple[Rollout | 
 def rollout_copy(policy, sampling):
     """The rollout side's policy: a deep copy of the trainer's, made inside ``sampling``
     (DiffusionNFT's context: the copy samples as its old policy does). An attribute
-    that cannot be copied (a VLM adapter's ``inspect`` signature parameters, a
-    ``mappingproxy``) is read-only; the copy shares it."""
+    that cannot be copied (a ``mappingproxy``, such as ``inspect`` signature
+    parameters) is read-only; the copy shares it."""
     with sampling():
         memo: dict = {}
         for value in vars(policy).values():
