@@ -349,6 +349,16 @@ def test_config_asking_for_vllm_fails_with_the_install_command():
         load_config(None, ["rollout.backend=vllm"])
 
 
+def real_engine(policy, model_dir, **options) -> VLLMRolloutPolicy:
+    """A real vLLM engine serving ``policy`` from ``model_dir``: 0.3 of the device's
+    memory, awake during training (the CPU backend has no sleep mode), unless
+    ``options`` (VLLMRolloutPolicy's) say otherwise."""
+    options = {"gpu_memory_utilization": 0.3, "sleep_level": 0, **options}
+    return VLLMRolloutPolicy(
+        policy, ReplicaEngine(Dist()), Dist(), model_path=str(model_dir), **options
+    )
+
+
 @pytest.fixture(scope="module")
 def vllm_model_dir(tmp_path_factory):
     """A tiny Qwen2 with head_dim 64 (vLLM's CPU attention has no kernel for 16)."""
@@ -385,14 +395,7 @@ def test_real_vllm_greedy_equals_hf_and_logprobs_match(vllm_model_dir):
     model_dir = vllm_model_dir
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(model_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=0,
-    )
+    v = real_engine(policy, model_dir)
     s = Sampling(max_new_tokens=6, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2]), hf.generate(PROMPTS, 1, s, [1, 2])
     assert torch.equal(got.actions, want.actions)
@@ -422,14 +425,7 @@ def test_real_vllm_over_dispatch_and_streaming_keep_a_full_decodes_samples(vllm_
     from mmyatt.placement.dispatch import complete_groups
 
     policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(vllm_model_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=0,
-    )
+    v = real_engine(policy, vllm_model_dir)
     six = [{"prompt": f"What is {a} + 4?", "_index": a} for a in range(6)]
     seeds = [11, 12, 13, 14, 15, 16]
     s = Sampling(max_new_tokens=24, temperature=1.0, stop=("e", "1"))

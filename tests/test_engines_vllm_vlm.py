@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
-from test_engines_vllm import Params
+from test_engines_vllm import Params, real_engine
 
 from mmyatt.distributed import Dist
 from mmyatt.engines import ReplicaEngine, available
@@ -130,14 +130,7 @@ def test_real_vllm_vlm_greedy_equals_hf_and_logprobs_match(vlm_dir):
     in-place weight sync (language model and vision tower) serves the new weights."""
     policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
     hf = VLMPolicy.load(vlm_dir, max_prompt_tokens=64)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(vlm_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=0,
-    )
+    v = real_engine(policy, vlm_dir)
     s = Sampling(max_new_tokens=6, greedy=True)
     ps, seeds = prompts(), [1, 2, 3, 4]
     try:

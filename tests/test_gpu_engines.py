@@ -11,11 +11,12 @@ import os
 
 import pytest
 import torch
+from test_engines_vllm import real_engine
 from test_text_policy import CORPUS
 
 from mmyatt.config.schema import load_config
 from mmyatt.distributed import Dist
-from mmyatt.engines import ReplicaEngine, available, build_engines
+from mmyatt.engines import available, build_engines
 from mmyatt.models.builtin.tiny import build_tiny_text_model
 from mmyatt.models.text import TextPolicy
 from mmyatt.protocols import Sampling
@@ -87,17 +88,9 @@ def test_megatron_logits_on_device(model_dir):
 def test_vllm_rollout_greedy_equals_hf_and_syncs_weights(model_dir):
     """vLLM on the device: greedy samples equal the adapter's, log-probs within
     tolerance, and after an update the in-place sync gives the new model's samples."""
-    from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
-
     policy = TextPolicy.load(model_dir, max_prompt_tokens=16, device=DEVICE)
     hf = TextPolicy.load(model_dir, max_prompt_tokens=16, device=DEVICE)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(model_dir),
-        gpu_memory_utilization=0.2,
-    )
+    v = real_engine(policy, model_dir, gpu_memory_utilization=0.2, sleep_level=1)
     s = Sampling(max_new_tokens=8, greedy=True)
     got, want = v.generate(PROMPTS, 1, s, [1, 2, 3, 4]), hf.generate(PROMPTS, 1, s, [1, 2, 3, 4])
     assert torch.equal(got.actions.cpu(), want.actions.cpu())

@@ -12,13 +12,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_engines_vllm import PROMPTS, vllm_model_dir  # noqa: F401 (a fixture)
+from test_engines_vllm import PROMPTS, real_engine, vllm_model_dir  # noqa: F401 (a fixture)
 from test_engines_vllm_vlm import prompts, vlm_dir  # noqa: F401 (a fixture)
 
-from mmyatt.distributed import Dist
-from mmyatt.engines import ReplicaEngine, available
+from mmyatt.engines import available
 from mmyatt.engines.vllm_lora import tensor_bytes
-from mmyatt.engines.vllm_rollout import VLLMRolloutPolicy
 from mmyatt.models.lora import adapter_tensors, base_weights
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
@@ -53,14 +51,7 @@ def check_equal(v, hf, prompts, s, seeds, tag):
 def test_real_vllm_lora_sync_sends_the_adapter_and_serves_it(vllm_model_dir):  # noqa: F811
     policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16, lora=LORA)
     hf = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16, lora=LORA)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(vllm_model_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=0,
-    )
+    v = real_engine(policy, vllm_model_dir)
     s = Sampling(max_new_tokens=6, greedy=True)
     adapter = tensor_bytes(adapter_tensors(policy.module()))
     full = tensor_bytes(base_weights(policy.module(), merged=True))
@@ -96,14 +87,7 @@ def test_real_vllm_vlm_lora_sync_serves_the_adapter(vlm_dir):  # noqa: F811
     goes to the engine alone, and the engine serves each version as the trainer runs it."""
     policy = VLMPolicy.load(vlm_dir, max_prompt_tokens=64, lora=LORA)
     hf = VLMPolicy.load(vlm_dir, max_prompt_tokens=64, lora=LORA)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(vlm_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=0,
-    )
+    v = real_engine(policy, vlm_dir)
     s, ps, seeds = Sampling(max_new_tokens=6, greedy=True), prompts(), [1, 2, 3, 4]
     adapter = tensor_bytes(adapter_tensors(policy.module()))
     try:
@@ -129,13 +113,6 @@ def test_real_vllm_sleep_mode_on_the_cpu_backend_is_an_error(vllm_model_dir):  #
     if current_platform.is_sleep_mode_available():
         pytest.skip("this vLLM platform has sleep mode (tests/test_gpu_engines.py covers it)")
     policy = TextPolicy.load(vllm_model_dir, max_prompt_tokens=16)
-    v = VLLMRolloutPolicy(
-        policy,
-        ReplicaEngine(Dist()),
-        Dist(),
-        model_path=str(vllm_model_dir),
-        gpu_memory_utilization=0.3,
-        sleep_level=1,
-    )
+    v = real_engine(policy, vllm_model_dir, sleep_level=1)
     with pytest.raises(ValueError, match="rollout.sleep_level=0"):
         v.generate(PROMPTS, 1, Sampling(max_new_tokens=2, greedy=True), [1, 2])

@@ -111,13 +111,9 @@ def _vllm_seconds(adapted, full, path: Path, reps: int, alternate: bool) -> dict
         out[arm]["bytes_logged"].add(int(v.timings["sync/bytes"]))
 
     def engine(policy):
+        options = {"gpu_memory_utilization": 0.3, "sleep_level": 0}
         v = VLLMRolloutPolicy(
-            policy,
-            ReplicaEngine(Dist()),
-            Dist(),
-            model_path=str(path),
-            gpu_memory_utilization=0.3,
-            sleep_level=0,
+            policy, ReplicaEngine(Dist()), Dist(), model_path=str(path), **options
         )
         v.sync_weights()  # the engine starts; its first sync is not counted
         return v
