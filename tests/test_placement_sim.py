@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.placement.simulate import Profile, at_scale, simulate
+from mmyatt.placement.simulate import Profile, at_scale, simulate, simulate_one_step_off
 
 
 def prof(**kw) -> Profile:
@@ -27,6 +27,18 @@ def test_colocate_runs_phases_in_series():
     r = simulate(prof(), "colocate", 2)
     assert r.step_s == pytest.approx(2.0 + 0.5 + 2.0 + 2.0)
     assert r.idle_frac_rollout == pytest.approx(1 - 4.0 / (2 * 4.5))
+
+
+def test_one_step_off_lasts_as_long_as_the_slower_side():
+    # 4 units, 2 for rollouts: generation 2 controllers x 2 chunks of 1 core-s on 2 units
+    # = 2 s, reload 0.5, judging 4 core-s on 2 units = 2 s -> the rollout side takes 4.5 s;
+    # training, 2 s of work on 4 units, gets 2 units: 4 s -> the step is 4.5 s
+    assert simulate_one_step_off(prof(), 4, 2).step_s == pytest.approx(4.5)
+    # training, 6 s of work on 4 units, gets 1 unit: 24 s; the rollout side on 3 units is
+    # shorter (generation 2 s, reload 0.5 s, judging 4 core-s on 3 units 4/3 s)
+    assert simulate_one_step_off(prof(train_s=6.0), 4, 3).step_s == pytest.approx(24.0)
+    with pytest.raises(ValueError, match="rollout units"):
+        simulate_one_step_off(prof(), 4, 4)
 
 
 def test_partial_streams_chunks_and_shares_the_rollout_core():

@@ -19,14 +19,15 @@ Costs (``Profile``) are core-seconds per chunk of generation (one value per chun
 measured length distribution enters through them) and per sample of judging, with a
 parallel efficiency for the judge on more than one unit. ``calibrate`` reads them from
 a ``mmyatt bench placement`` JSON; ``bench_placement_sim`` compares predictions with the
-measured step times there and predicts 8 to 1024 GPUs.
+measured step times there and predicts 8 to 1024 GPUs, for the synchronous modes and for
+rollouts made one step ahead on their own units (:func:`simulate_one_step_off`).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from mmyatt.bench.registry import RESULTS
@@ -132,6 +133,21 @@ def simulate(p: Profile, mode: str, units: int, rollout: int = 0, judge: int = 0
     idle_r = 1.0 - gen_work / (r_units * collect) if collect else 0.0
     idle_j = 1.0 - jb / collect if collect and has_judge else 1.0
     return Result(collect + rest + train, idle_r, idle_j)
+
+
+def simulate_one_step_off(p: Profile, units: int, rollout: int) -> Result:
+    """Rollouts made one step ahead (``trainer.async.mode=one_step_off``) on a machine
+    split in two: ``rollout`` units generate step t+1's batch and judge it (colocated
+    there: generation, the judge's reload, judging) while the other ``units - rollout``
+    update on step t's. The step lasts as long as the slower side. Training is
+    ``train_s`` of work on all ``units`` and scales with the units it gets; the weight
+    sync between the sides is not modelled (it is the same transfer a colocated run's
+    rollout engine receives)."""
+    if not 0 < rollout < units:
+        raise ValueError(f"one_step_off needs 0 < rollout units < {units}, got {rollout}")
+    side = simulate(replace(p, train_s=0.0, train_by_mode={}, rest_s={}), "colocate", rollout)
+    train = p.train_s * units / (units - rollout)
+    return Result(max(side.step_s, train), side.idle_frac_rollout, side.idle_frac_judge)
 
 
 # ------------------------------------------------------------------ calibration
@@ -290,6 +306,15 @@ def at_scale(base: Profile, quick: bool) -> list[dict]:
                 best = (f"{r}:{gpus - r}", res.step_s)
         row["best_partial_split"] = best[0]
         row["partial_over_colocate"] = best[1] / row["colocate_step_s"]
+        ahead = None  # rollouts one step ahead on their own units, the update on the rest
+        for frac in (0.25, 0.5, 0.75):
+            r = max(1, int(gpus * frac))
+            step = simulate_one_step_off(prof, gpus, r).step_s
+            row[f"one_step_off_{r}:{gpus - r}_step_s"] = step
+            if ahead is None or step < ahead[1]:
+                ahead = (f"{r}:{gpus - r}", step)
+        row["best_one_step_off_split"] = ahead[0]
+        row["one_step_off_over_colocate"] = ahead[1] / row["colocate_step_s"]
         # a single controller holds every sample's media: 512 x 512 RGB images, uint8
         row["single_controller_driver_media_gb"] = gpus * 64 * 512 * 512 * 3 / 1e9
         row["per_controller_media_gb"] = 64 * 512 * 512 * 3 / 1e9
