@@ -13,19 +13,14 @@ import json
 
 import pytest
 from test_cli import ROOT, mmyatt
+from test_recipes import SMALL as ONE_STEP
 
 from mmyatt.engines import available
 
+# the recipes' one-step overrides (later keys win), with 8 eval prompts and 3 denoising steps
 SMALL = [
-    "trainer.steps=1",
-    "trainer.max_minutes=null",
-    "trainer.progress=false",
-    "trainer.eval_every=0",
-    "distributed.nproc=1",
-    "data.prompts_per_step=2",
-    "sampling.group_size=2",
+    *ONE_STEP,
     "data.eval_prompts=8",
-    "data.synthetic_eval_size=8",
     "data.synthetic_train_size=16",
     "sampling.denoise_steps=3",
     "sampling.eval_denoise_steps=3",
