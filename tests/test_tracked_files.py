@@ -33,6 +33,7 @@ WORK_WORDS = [
     ),
     re.compile(r"\bsessions? (?:of|with) (?:device|gpu)\b", re.I),
     re.compile(r"\b(?:other|another) (?:agents?|engineers?)\b|\bagents'", re.I),
+    re.compile(r"\bother (?:jobs|people's (?:jobs|runs))\b", re.I),
     re.compile(r"\blent\b", re.I),
     re.compile(r"\bdevice[- ]time\b", re.I),
     # "budget" for machine time; a token, retry or micro-batch budget is legitimate
@@ -106,6 +107,7 @@ def test_the_scan_finds_what_it_is_for(tmp_path):
         "results/i.json": '{"run": "/tmp/nft/grpo_test"}',
         "j.py": 'msg = "see #14"',
         "k.md": "cached under /home/someone/.cache",
+        "k2.md": "2 CPU cores under load from " + "other" + " jobs (load average 12)",
     }
     good = {
         "l.py": "client = requests.Session()  # one HTTP session per judge",
@@ -113,6 +115,7 @@ def test_the_scan_finds_what_it_is_for(tmp_path):
         "m2.py": 'why = "time budget (trainer.max_minutes)"',
         "n.md": "see https://example.org/home/page and the micro-batch budget",
         "o.md": "files in /tmp on ext4; a session object; the equivalent call",
+        "o2.md": "2 CPU cores under load (load average 12); other runs of the same recipe",
     }
     for name, line in {**bad, **good}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
