@@ -73,11 +73,11 @@ def test_group_costs_count_the_prompt_once():
 CORPUS = ["Question: 12+30= Answer: 42 Is the answer correct? Answer Yes or No. Yes"] * 40
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def skewed_setup(root: Path) -> tuple[Path, Path]:
+    """(``root``, a tiny text policy under it) and ``root/m.jsonl``: 16 records, the even
+    ones long prompts, the odd ones short."""
     from mmyatt.models.builtin.tiny import build_tiny_text_model
 
-    root = tmp_path_factory.mktemp("exchange")
     model = build_tiny_text_model(root / "policy", size="qwen2-0.1m", corpus=CORPUS, seed=0)
     # skewed: rank 0 owns the even records (long prompts), rank 1 the odd ones (short)
     recs = []
@@ -86,6 +86,11 @@ def setup(tmp_path_factory):
         recs.append({"prompt": " + ".join(["1"] * n) + " =", "answer": str(n)})
     write_jsonl(root / "m.jsonl", recs)
     return root, model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    return skewed_setup(tmp_path_factory.mktemp("exchange"))
 
 
 def length_reward(completion: str, record: dict) -> float:
@@ -133,8 +138,18 @@ def _rank(rank: int, world: int, port: int, tmp: str, runs, out: str, steps: int
                 shard=builders.build_shard(cfg, rank, world),
                 eval_records=[],
             )
-            rows = [ctl.step() for _ in range(steps)]
-            result.append({"rows": rows, "params": [p.detach().tolist() for p in ctl.params]})
+            rows, trained = [], []  # trained: the records of each step's samples on this rank
+            for _ in range(steps):
+                rows.append(ctl.step())
+                trained.append(sorted({rec["_index"] for rec in ctl.last_rollout.records}))
+            result.append(
+                {
+                    "rows": rows,
+                    "trained": trained,
+                    "cursor": ctl.local_state()["cursor"],
+                    "params": [p.detach().tolist() for p in ctl.params],
+                }
+            )
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()
     finally:

@@ -57,7 +57,14 @@ class PlacementConfig(Section):
     balance: Bool = False
     """move whole prompt groups between the controllers before the update so that the
     slowest rank's update is shorter (balance_when); only token / latent tensors move
-    (mmyatt/placement/exchange.py)"""
+    (mmyatt/placement/exchange.py); or prompt records before generation (balance_at)"""
+    balance_at: Literal["update", "dispatch"] = "update"
+    """balance: where groups move. update: generated groups, before the update (the
+    update alone is balanced); dispatch: prompt records, before generation, planned on
+    each record's prompt tokens plus the token budget, so generation, scoring and the
+    update are balanced (text models, without over-dispatch or merge_rollout;
+    mmyatt/placement/dispatch_balance.py); the balance_when / fit / refit keys are for
+    update"""
     balance_when: Literal["pays", "always"] = "pays"
     """balance: move groups only when the cost model (fitted on this run's measured
     micro-batch times) predicts a shorter update than the exchange costs (pays), or every

@@ -80,6 +80,7 @@ def check_rules(cfg: RunConfig) -> None:
             raise ConfigError(message)
     check_fast_decode(cfg)
     check_async(cfg)
+    check_dispatch_balance(cfg)
 
 
 def check_fast_decode(cfg: RunConfig) -> None:
@@ -104,6 +105,43 @@ def check_fast_decode(cfg: RunConfig) -> None:
             f"gathers of a sharded model (train.backend={cfg.train.backend}): use "
             "train.backend=replica or rollout.hf_static_cache=false"
         )
+
+
+def check_dispatch_balance(cfg: RunConfig) -> None:
+    """placement.balance_at=dispatch: prompt records change controller before generation,
+    which needs records that are small and a controller that draws its own (text, no
+    carried prompts, no merged rollout, one process per controller)."""
+    p = cfg.placement
+    if not (p.balance and p.balance_at == "dispatch"):
+        return
+    key = "placement.balance_at=dispatch"
+    rules = [
+        (
+            cfg.model.kind == "text",
+            f"{key} costs and moves text prompt records; model.kind={cfg.model.kind} is not "
+            "supported with it: use placement.balance_at=update (generated groups move "
+            "before the update)",
+        ),
+        (
+            cfg.rollout.over_dispatch_ratio == 1,
+            f"{key} moves records for one step, and over-dispatch carries a record to the "
+            f"next (rollout.over_dispatch_ratio={cfg.rollout.over_dispatch_ratio}): set "
+            "rollout.over_dispatch_ratio=1 or placement.balance_at=update",
+        ),
+        (
+            not p.merge_rollout,
+            f"{key} with placement.merge_rollout: the first controller generates every "
+            "record already; set one of them off",
+        ),
+        (
+            cfg.train.tensor_parallel == 1 and cfg.train.pipeline_parallel == 1,
+            f"{key} runs one process per controller; train.tensor_parallel / "
+            "pipeline_parallel > 1 is not supported with it: use placement.balance_at=update",
+        ),
+    ]
+    for ok, message in rules:
+        if not ok:
+            raise ConfigError(message)
 
 
 def check_async(cfg: RunConfig) -> None:

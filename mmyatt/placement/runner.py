@@ -42,6 +42,7 @@ from mmyatt.placement import resources as res
 from mmyatt.placement.auto import AutoPlacer, Measure
 from mmyatt.placement.config import CorePlan
 from mmyatt.placement.dispatch import OverDispatch, record_seed
+from mmyatt.placement.dispatch_balance import DispatchBalance
 from mmyatt.placement.judge_threads import JudgeThreads
 from mmyatt.placement.offload import PolicyOffload
 from mmyatt.placement.stream import (
@@ -86,7 +87,8 @@ class Placement:
     generate call gets (over-dispatch, ``placement/dispatch.py``); ``plan``: the cores of
     a fixed mode (None: shared), or ``auto`` choosing one per step; ``judges``: the judge
     servers' control (rank 0 of a run with a judge), ``offload``: the policy's moves off
-    the device in colocate steps (``placement.offload_policy``)."""
+    the device in colocate steps (``placement.offload_policy``); ``dispatch_balance``: the records
+    moved between the controllers before generation (``placement/dispatch_balance.py``)."""
 
     def __init__(
         self,
@@ -101,11 +103,13 @@ class Placement:
         colocate_threads: JudgeThreads,
         judges=None,
         offload: PolicyOffload | None = None,
+        dispatch_balance: DispatchBalance | None = None,
         log: Callable = print,
     ):
         self.s, self.dist, self.mode = settings, dist, settings.mode
         self.G = settings.group_size
         self.policy, self.scorer, self.dispatch = policy, scorer, dispatch
+        self.dispatch_balance = dispatch_balance
         self.plan, self.auto, self.judges = plan, auto, judges
         # processes that train: a Megatron model-parallel group (train.tensor_parallel /
         # pipeline_parallel > 1) is one controller of several processes; only its first
@@ -223,6 +227,8 @@ class Placement:
         ``on_finished`` callback for records, its unit) each finished sample streamed."""
         d = self.dispatch
         records = d.draw(n)
+        if self.dispatch_balance is not None:  # placement.balance_at=dispatch
+            records = self.dispatch_balance.exchange(records, sampling.max_new_tokens)
         if d.active:
             must = d.must_finish(records)
             sampling = replace(sampling, complete_groups=n, must_finish=must)
@@ -549,6 +555,8 @@ class Placement:
             out["placement/rollout_merged"] = float(self.s.merge)
         if self.dispatch.active:
             out.update(self.dist.sum_many(carry))
+        if self.dispatch_balance is not None:
+            out.update(self.dispatch_balance.end_step())
         if self.auto is not None:
             if self.predicted is not None:
                 out["placement/predicted_step_s"] = self.predicted

@@ -21,6 +21,7 @@ from mmyatt.placement.auto import AutoPlacer
 from mmyatt.placement.balancer import balance_settings
 from mmyatt.placement.config import candidate_plans, partial_split, plan_for, run_cores, work_key
 from mmyatt.placement.dispatch import OverDispatch
+from mmyatt.placement.dispatch_balance import DispatchBalance
 from mmyatt.placement.exchange import Exchange
 from mmyatt.placement.judge_threads import JudgeThreads
 from mmyatt.placement.judges import JudgeControl
@@ -33,6 +34,8 @@ from mmyatt.protocols import (
     LatentOutputs,
     ReferenceKL,
     Sampling,
+    TokenPolicy,
+    adapter_of,
     capable,
     require,
 )
@@ -90,8 +93,8 @@ def build_controller(
     # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
     engine, wrapped = build_engines(cfg, dist, policy)
     lockstep = Lockstep(dist, engine, wrapped)
-    exchange = None  # placement.balance with more than one controller
-    if cfg.placement.balance and dist.world_size > 1:
+    exchange = None  # placement.balance (at the update) with more than one controller
+    if cfg.placement.balance and cfg.placement.balance_at == "update" and dist.world_size > 1:
         exchange = Exchange(dist, cfg.model.kind, balance_settings(cfg))
     planner = exchange.balancer if exchange is not None else None  # length buckets, timed
     micro_batches = MicroBatches(a.micro_batch_tokens, lockstep, planner)
@@ -311,6 +314,13 @@ def build_placement(
         judge_servers=j.num_servers,
         run_cores=len(cores),
     )
+    dispatch_balance = None  # placement.balance_at=dispatch: records move before generation
+    if p.balance and p.balance_at == "dispatch" and dist.world_size > 1:
+        require(policy, TokenPolicy, "placement.balance_at=dispatch")
+        adapter = adapter_of(policy)
+        dispatch_balance = DispatchBalance(
+            dist, lambda recs: [len(t) for t in adapter.encode_prompts(recs)]
+        )
     return Placement(
         settings,
         dist,
@@ -322,6 +332,7 @@ def build_placement(
         colocate_threads=colocate_threads,
         judges=judges,
         offload=offload,
+        dispatch_balance=dispatch_balance,
     )
 
 
