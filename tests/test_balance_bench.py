@@ -1,5 +1,6 @@
-"""`mmyatt bench balance`: its quick form on the skewed text workload (balancing on and
-off, one round), and the figures it derives from the runs' metrics."""
+"""`mmyatt bench balance`: its quick form on the skewed text workload (balancing off, on
+at the update and at dispatch, one round), and the figures it derives from the runs'
+metrics."""
 
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ def test_run_figures_leave_the_warmup_step_out_and_use_fitted_steps_only(tmp_pat
     assert fig["steps_measured"] == 2
 
 
-@pytest.mark.slow  # two 2-controller runs of 4 steps (a few minutes on 2 loaded cores)
-def test_quick_form_measures_both_arms(tmp_path):
+@pytest.mark.slow  # three 2-controller runs of 4 steps (minutes on 2 loaded cores)
+def test_quick_form_measures_every_arm(tmp_path):
     out = balance.bench_balance(quick=True, workloads=("text_skewed",))
     wl = out["text_skewed"]
     assert wl["rounds"] == 1
-    for arm in ("off", "on"):
+    for arm in ("off", "on", "dispatch"):
         assert wl[arm]["step_s"] > 0 and wl[arm]["idle_s"] >= 0
     assert wl["on"]["applied"] is not None and wl["off"]["applied"] is None
     assert wl["step_s_on_over_off"]["per_round"][0] > 0
+    assert wl["dispatch"]["dispatch_moved"] > 0 and wl["on"]["dispatch_moved"] is None
+    assert wl["dispatch"]["dispatch_max_over_mean_after"] < 1.1
+    assert wl["step_s_dispatch_over_off"]["per_round"][0] > 0

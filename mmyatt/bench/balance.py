@@ -1,7 +1,8 @@
-"""`mmyatt bench balance`: ``placement.balance`` on against off, 2 controllers, three
-workloads, in paired rounds (the two arms of a round run one after the other, in an
-order that alternates from round to round, so they share the machine's load of those
-minutes):
+"""`mmyatt bench balance`: ``placement.balance`` on (at the update) and, on the text
+workloads, at dispatch (``placement.balance_at=dispatch``: prompt records move before
+generation) against off, 2 controllers, three workloads, in paired rounds (the arms of a
+round run one after the other, in an order that rotates from round to round, so they
+share the machine's load of those minutes):
 
 - text_skewed: rank 0 draws prompts of 20-40 terms, rank 1 prompts of 1-2 terms (the
   placement bench's balance workload): rank 0's update is the slow one;
@@ -16,7 +17,9 @@ run left out): step seconds, the training phase (``placement/train_s``), the sum
 of the ranks at the gradient all-reduce (``dist/idle_s``), the share of steps that moved
 groups (``balance/applied``) and, with balancing on, the cost model's predicted and
 measured seconds of the slowest rank's passes and its relative error (the steps after
-its first fit). Ratios on/off are paired round by round (``paired_ratio``).
+its first fit); at dispatch, the records moved per step and the predicted max / mean
+rank cost before and after. Ratios of each arm to off are paired round by round
+(``paired_ratio``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,12 @@ from mmyatt.placement.bench_figures import paired_ratio
 logger = logging.getLogger(__name__)
 
 WORKLOADS = ("text_skewed", "vlm_mixed", "text_balanced")
-ARMS = {"off": ["placement.balance=false"], "on": ["placement.balance=true"]}
+ARMS = {
+    "off": ["placement.balance=false"],
+    "on": ["placement.balance=true"],
+    "dispatch": ["placement.balance=true", "placement.balance_at=dispatch"],
+}
+TEXT_ONLY = ("dispatch",)  # balance_at=dispatch moves text records only
 FIGURES = {
     "step_s": "timing/step_s",
     "train_s": "placement/train_s",
@@ -55,6 +63,9 @@ FIGURES = {
     "exchange_s": "balance/exchange_s",
     "work_max_over_mean_before": "placement/balance_before",
     "work_max_over_mean_after": "placement/balance_after",
+    "dispatch_moved": "balance/dispatch_moved",
+    "dispatch_max_over_mean_before": "balance/dispatch_before",
+    "dispatch_max_over_mean_after": "balance/dispatch_after",
 }
 MODEL = {  # the cost model's figures: steps planned with a fitted model
     "predicted_s": "balance/predicted_s",
@@ -133,10 +144,11 @@ def _run_figures(run_dir: Path) -> dict:
 
 def _arms(tmp: Path, wl: str, steps: int, rounds: int, policy: Path | None) -> dict:
     config, base = _workload(tmp, wl, steps, policy)
-    runs: dict[str, list[dict]] = {a: [] for a in ARMS}
-    names = list(ARMS)
+    names = [a for a in ARMS if wl.startswith("text") or a not in TEXT_ONLY]
+    runs: dict[str, list[dict]] = {a: [] for a in names}
     for k in range(rounds):
-        for a in names[k % 2 :] + names[: k % 2]:  # alternating order
+        turn = k % len(names)
+        for a in names[turn:] + names[:turn]:  # rotating order
             rd = tmp / f"{wl}_{a}_r{k}"
             wall = train_run(config, rd, base + ARMS[a], env={"OMP_NUM_THREADS": "1"})
             rec = {**_run_figures(rd), "wall_s": wall, "load_average": os.getloadavg()[0]}
@@ -146,10 +158,11 @@ def _arms(tmp: Path, wl: str, steps: int, rounds: int, policy: Path | None) -> d
     for a, per in runs.items():
         out[a] = {f: _mean([p[f] for p in per]) for f in per[0]}
         out[a]["per_round"] = per
-    for f in ("step_s", "train_s", "idle_s"):
-        num, den = [p[f] for p in runs["on"]], [p[f] for p in runs["off"]]
-        if all(isinstance(v, float) and v > 0 for v in num + den):
-            out[f"{f}_on_over_off"] = paired_ratio(num, den)
+    for a in names[1:]:
+        for f in ("step_s", "train_s", "idle_s"):
+            num, den = [p[f] for p in runs[a]], [p[f] for p in runs["off"]]
+            if all(isinstance(v, float) and v > 0 for v in num + den):
+                out[f"{f}_{a}_over_off"] = paired_ratio(num, den)
     on = out["on"]
     if isinstance(on.get("model_error"), float):
         out["model_error_on"] = on["model_error"]
