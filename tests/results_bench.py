@@ -207,6 +207,18 @@ def balance_rows() -> Rows:
             f"{on['predicted_s']:.3f} / {on['measured_s']:.3f}, {100 * on['model_error']:.0f}%",
             res,
         ]
+        if "dispatch" in w:  # records moved before generation (placement.balance_at)
+            a = w["dispatch"]
+            out[f"{name}; balance_at: dispatch"] = [
+                str(w["rounds"]),
+                geo(w, "step_s_dispatch_over_off"),
+                geo(w, "train_s_dispatch_over_off"),
+                f"{off['idle_s']:.3f} {ARROW} {a['idle_s']:.3f}",
+                f"every step, {a['dispatch_moved']:.1f} records",
+                f"max/mean rank cost {a['dispatch_max_over_mean_before']:.2f} {ARROW} "
+                f"{a['dispatch_max_over_mean_after']:.2f}",
+                res,
+            ]
     return out
 
 
