@@ -34,6 +34,7 @@ from mmyatt.datasets.describe import (
     VAL_FOLD2_TRIPLES,
     clip_frames,
     describe_records,
+    direction_contrast_records,
     judge_records,
 )
 from mmyatt.datasets.factored_shapes import named_records
@@ -151,6 +152,9 @@ def training_batch(
     negative_weights: dict[str, float] | None = None,
     direction_share: float = 0.0,
     extra_shapes: float = 0.0,
+    contrast_share: float = 0.0,
+    contrast_wrong: int = 1,
+    contrast_other: float = 0.0,
 ) -> list[dict]:
     """One shuffled batch: description checks (:func:`judge_records`), ``score_share`` of
     the batch asked in the score variant's form (answered "Score: 9" / "Score: 2"), and,
@@ -166,8 +170,9 @@ def training_batch(
     n_score = int(round(n * score_share))
     n_named = int(round(n * named_share))
     n_dir = int(round(n * direction_share))
+    n_con = int(round(n * contrast_share))
     out = judge_records(
-        n - n_base - n_score - n_named - n_dir,
+        n - n_base - n_score - n_named - n_dir - n_con,
         seed=seed,
         extra_colours=extra_colours,
         split_negatives=split_negatives,
@@ -188,6 +193,16 @@ def training_batch(
         )
     if n_dir:
         out += direction_records(n_dir, seed=seed + 67, frames=frames, extra_colours=extra_colours)
+    if n_con:
+        clips = -(-n_con // (contrast_wrong + 1)) + 1  # one spare: a skipped held-out name
+        out += direction_contrast_records(
+            clips,
+            seed=seed + 71,
+            wrong=contrast_wrong,
+            frames=frames,
+            other_kinds=contrast_other,
+            extra_colours=extra_colours,
+        )[:n_con]
     if n_base:
         out += judge_training_mix(n_base, seed=seed + 29, exclude=HELDOUT, attribute_fraction=0.25)
     if n_named:
@@ -210,25 +225,34 @@ def train_describe_judge(
     extra_colours: bool = True,
     base_share: float = 0.3,
     named_share: float = 0.0,
+    score_share: float = 0.15,
     split_negatives: bool = False,
     video_fraction: float = 0.25,
     frames: int = 4,
     negative_weights: dict[str, float] | None = None,
     direction_share: float = 0.0,
     extra_shapes: float = 0.0,
+    contrast_share: float = 0.0,
+    contrast_wrong: int = 1,
+    contrast_other: float = 0.0,
     freeze: tuple[str, ...] = (),
     select_directions: bool = False,
+    select_clips: int = 4,
     log: Callable[[str], None] | None = print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
     :func:`judge_records` (``extra_colours``: with the judge-only colours;
     ``extra_shapes``: that share of the images showing an extra shape; ``freeze``: the
-    parameter-name prefixes kept as ``start`` has them, as ``model.freeze``) with
+    parameter-name prefixes kept as ``start`` has them, as ``model.freeze``;
+    ``contrast_share``: that share of each batch clips asked with their true and
+    ``contrast_wrong`` wrong directions, ``contrast_other`` of them with wrong colours or
+    shapes instead, :func:`training_batch`) with
     ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
     validation accuracies (seen + held-out-val) is measured (``select_directions``: with,
     as a third term, how often it pays the true direction most on clips of the
-    validation split's held-out triples, :func:`direction_table`); the best checkpoint is
+    validation split's held-out triples, ``select_clips`` clips of each,
+    :func:`direction_table`); the best checkpoint is
     saved to ``out_dir`` and then measured once on the test sets (and, with
     ``select_directions``, the test triples' direction table). Returns {"best_step",
     "val": {...}, "test": {...}, "seconds"}."""
@@ -248,6 +272,7 @@ def train_describe_judge(
             seed=1_000 * (seed + 1) + step,
             extra_colours=extra_colours,
             base_share=base_share,
+            score_share=score_share,
             named_share=named_share,
             split_negatives=split_negatives,
             video_fraction=video_fraction,
@@ -255,6 +280,9 @@ def train_describe_judge(
             negative_weights=negative_weights,
             direction_share=direction_share,
             extra_shapes=extra_shapes,
+            contrast_share=contrast_share,
+            contrast_wrong=contrast_wrong,
+            contrast_other=contrast_other,
         )
         loss = run.step(batch)
         schedule.step()
@@ -263,7 +291,7 @@ def train_describe_judge(
                 m: dict[str, Any] = {k: judge_metrics(policy, v) for k, v in val.items()}
                 if select_directions:
                     m["directions"] = direction_table(
-                        policy, MOTION_HELDOUT_VAL, n=4, frames=frames
+                        policy, MOTION_HELDOUT_VAL, n=select_clips, frames=frames
                     )
             terms = [m["seen"]["accuracy"], m["heldout"]["accuracy"]]
             if select_directions:
@@ -288,7 +316,9 @@ def train_describe_judge(
         for k, v in eval_sets(n_eval, split="test", frames=frames).items()
     }
     if select_directions:
-        test["directions"] = direction_table(final, MOTION_HELDOUT_TEST, n=4, frames=frames)
+        test["directions"] = direction_table(
+            final, MOTION_HELDOUT_TEST, n=select_clips, frames=frames
+        )
     say(f"[describe-judge] kept step {best['step']}; test {test}")
     return {
         "best_step": best["step"],
@@ -299,14 +329,15 @@ def train_describe_judge(
 
 
 def direction_table(
-    policy, triples, *, n: int = 8, seed: int = 888, frames: int = FRAMES
+    policy, triples, *, n: int = 8, seed: int = 888, frames: int = FRAMES, verb: str = "moving"
 ) -> dict[str, Any]:
     """Whether the judge reads motion: on ``n`` fresh clips of each (colour, shape,
     direction) triple it is asked "a {colour} {shape} moving {D}" for each direction D.
     Returns {"per_triple": {"colour shape direction": {D: mean P(Yes)}}, "p_yes_right",
     "p_yes_wrong" (means over clips), "pick_right": share of clips whose true direction
     is paid most}. A judge that reads no motion pays every direction alike and picks the
-    right one a quarter of the time."""
+    right one a quarter of the time. ``verb``: the word before the direction (a misspelt
+    one, "movnvng", asks whether the judge pays malformed clip text)."""
 
     directions = list(DIRECTIONS)
     recs = describe_records(
@@ -321,7 +352,7 @@ def direction_table(
         queries = [
             {
                 "image": clip_frames(r["video"], frames),
-                "prompt": JUDGE_TEMPLATE.format(output=f"a {c} {s} moving {named}"),
+                "prompt": JUDGE_TEMPLATE.format(output=f"a {c} {s} {verb} {named}"),
             }
             for r in clips
             for named in directions
@@ -376,18 +407,45 @@ def pair_table(
 def main(argv: list[str] | None = None) -> None:
     """``python -m mmyatt.models.builtin.train_describe_judge pairs JUDGE --split val|fold2|test``: the
     judge's :func:`pair_table` on the split's held-out pairs, as JSON; ``directions JUDGE
-    --split val|fold2|test``: its :func:`direction_table` on the split's held-out triples."""
+    --split val|fold2|test``: its :func:`direction_table` on the split's held-out triples;
+    ``metrics JUDGE --split val|test``: its :func:`judge_metrics` on the split's
+    :func:`eval_sets` (256 records each, as ``training.json``; images and clips apart too)
+    and what it pays the true direction after a misspelt verb ("a red circle movnvng
+    down") on the clips of ``directions``."""
     import argparse
     import json
 
     p = argparse.ArgumentParser(prog="python -m mmyatt.models.builtin.train_describe_judge")
-    p.add_argument("command", choices=["pairs", "directions"])
+    p.add_argument("command", choices=["pairs", "directions", "metrics"])
     p.add_argument("judge", help="a judge directory or builtin:<name>")
     p.add_argument("--split", choices=["val", "fold2", "test"], default="val")
     p.add_argument("--n", type=int, default=8, help="images per pair (clips per triple)")
     a = p.parse_args(argv)
     policy = VLMPolicy.load(_checkpoint_dir(a.judge), max_prompt_tokens=160)
     policy.module().eval()
+    if a.command == "metrics":
+        if a.split == "fold2":
+            raise SystemExit("metrics: --split val or test")
+        triples = MOTION_HELDOUT_VAL if a.split == "val" else MOTION_HELDOUT_TEST
+        out: dict[str, Any] = {}
+        with torch.no_grad():
+            for k, v in eval_sets(256, split=a.split).items():
+                out[k] = judge_metrics(policy, v)
+                for task in ("describe_image", "describe_video"):  # images and clips apart
+                    part = [r for r in v if r["task"] == task]
+                    out[k][task] = {
+                        m: x
+                        for m, x in judge_metrics(policy, part).items()
+                        if m in ("n", "accept_correct", "p_yes_correct", "p_yes_wrong")
+                        or m.startswith("reject_")
+                    }
+            bad = direction_table(policy, triples, n=a.n, verb="movnvng")
+        out["misspelt_verb"] = {
+            "p_yes_right": bad["p_yes_right"],
+            "p_yes_wrong": bad["p_yes_wrong"],
+        }
+        print(json.dumps(out, indent=1))
+        return
     if a.command == "directions":
         triples = {
             "val": MOTION_HELDOUT_VAL,
