@@ -468,13 +468,13 @@ def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> 
     raise ValueError(f"unknown negative kind {kind!r}")
 
 
-def _names_heldout(text: str, rec: dict) -> bool:
+def names_heldout(text: str, rec: dict) -> bool:
     """Whether ``text`` names a colour and a shape (or, for a clip, a colour, a shape and
     a direction) that together make a held-out combination, in any order or object.
 
-    >>> _names_heldout("a square that is red", {"direction": None})
+    >>> names_heldout("a square that is red", {"direction": None})
     True
-    >>> _names_heldout("a red circle", {"direction": None})
+    >>> names_heldout("a red circle", {"direction": None})
     False
     """
     words = set(_WORD.findall(text.lower()))
@@ -534,7 +534,7 @@ def judge_records(
                 if attempt % 20 == 0:
                     kind = kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
                 answer = _negative(kind, rec, rng, shapes)
-                if not _names_heldout(answer, rec):
+                if not names_heldout(answer, rec):
                     break
             else:
                 raise RuntimeError(f"no negative of {rec['id']} avoids the held-out combinations")
@@ -568,82 +568,3 @@ def clip_frames(video: np.ndarray, frames: int) -> list[Image.Image]:
         raise ValueError(f"frames must be >= 2, got {frames}")
     keep = sorted({round(i * (t - 1) / (min(frames, t) - 1)) for i in range(min(frames, t))})
     return [Image.fromarray(np.asarray(video[j])) for j in keep]
-
-
-def direction_contrast_records(
-    n_clips: int,
-    *,
-    seed: int,
-    wrong: int = 1,
-    frames: int = FRAMES,
-    other_kinds: float = 0.0,
-    **kwargs,
-) -> list[dict]:
-    """The judge's question about ``n_clips`` clips, each asked in one phrasing with its
-    true direction ("Yes") and with ``wrong`` (1 to 3) other directions ("No", kind
-    ``direction``): records that differ in the direction word alone, so that only the
-    motion in the frames tells them apart (a description drawn whole carries a wrong
-    direction in a few records of a hundred). A wrong direction that would name a
-    held-out triple (a trained pair moving a held-out way) is skipped, so a clip may
-    come with fewer; the clips themselves exclude the held-out combinations by default
-    (``kwargs`` go to :func:`describe_records`). ``other_kinds``: that share of the clips
-    is asked, instead of its wrong directions, with ``wrong`` wrong colours or shapes (half
-    each; kinds ``colour`` / ``shape``, the wrong colour from the clip's own group as
-    :func:`_negative` draws it, never one that names a held-out pair), in the same words
-    too, so that a clip's colour and shape keep counting. Returns the records clip by
-    clip, the true one first.
-
-    >>> recs = direction_contrast_records(2, seed=0, wrong=3)
-    >>> [r["verdict"] for r in recs][:2], recs[0]["direction"] in recs[0]["output"]
-    (['Yes', 'No'], True)
-    """
-    if not 1 <= wrong <= len(DIRECTIONS) - 1:
-        raise ValueError(f"wrong must be in [1, {len(DIRECTIONS) - 1}], got {wrong}")
-    rng = np.random.default_rng([seed, 15])
-    kind_rng = np.random.default_rng([seed, 16])  # its own stream: other_kinds=0 draws as before
-    out = []
-    for rec in describe_records(n_clips, seed=seed, video_fraction=1.0, **kwargs):
-        c, s, d = rec["colour"], rec["shape"], rec["direction"]
-        phrase = VIDEO_PHRASES[int(rng.integers(len(VIDEO_PHRASES)))]
-        others = [x for x in DIRECTIONS if x != d]
-        asked = [(c, s, d, None)] + [
-            (c, s, others[int(i)], "direction") for i in rng.permutation(len(others))[:wrong]
-        ]
-        if other_kinds and kind_rng.random() < other_kinds:
-            attr = "colour" if kind_rng.random() < 0.5 else "shape"
-            palette = list(COLOURS) if c in COLOURS else list(EXTRA_COLOURS)
-            values = [v for v in (palette if attr == "colour" else SHAPES) if v != rec[attr]]
-            values = [
-                v
-                for v in values
-                if not _names_heldout(
-                    phrase.format(
-                        colour=v if attr == "colour" else c,
-                        shape=v if attr == "shape" else s,
-                        direction=d,
-                    ),
-                    rec,
-                )
-            ]
-            picked = [values[int(i)] for i in kind_rng.permutation(len(values))[:wrong]]
-            asked = asked[:1] + [
-                (v, s, d, attr) if attr == "colour" else (c, v, d, attr) for v in picked
-            ]
-        media = clip_frames(rec["video"], frames)
-        for colour, shape, direction, kind in asked:
-            text = phrase.format(colour=colour, shape=shape, direction=direction)
-            if kind and _names_heldout(text, rec):
-                continue
-            verdict = "No" if kind else "Yes"
-            out.append(
-                {
-                    **{key: rec[key] for key in ("id", "colour", "shape", "direction", "task")},
-                    "image": media,
-                    "prompt": JUDGE_TEMPLATE.format(output=text),
-                    "output": text,
-                    "answer": verdict,
-                    "verdict": verdict,
-                    "negative_type": kind,
-                }
-            )
-    return out

@@ -7,6 +7,7 @@ from PIL import Image
 
 from mmyatt.datasets import describe as d
 from mmyatt.datasets import describe_check as dc
+from mmyatt.datasets import describe_motion as dm
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, MOTION_HELDOUT, MOTION_HELDOUT_TEST
 from mmyatt.rewards.genrm import GenRMReward, load_template
 from mmyatt.rewards.rules import resolve_reward
@@ -304,7 +305,7 @@ def test_judge_records_with_extra_shapes_name_them_as_wrong_shapes_too():
         assert (dc.description_check(r["output"], r) == 1.0) == (r["verdict"] == "Yes") or (
             r["negative_type"] not in (None, "colour", "shape", "direction")
         )
-        assert not d._names_heldout(r["output"], r)
+        assert not d.names_heldout(r["output"], r)
 
 
 def test_shape_first_negatives_name_a_wrong_shape_first():
@@ -370,12 +371,12 @@ def test_judge_records_never_name_a_heldout_combination():
     """Not even as a wrong claim: "a red square" about a cyan square teaches the judge
     that the held-out pair is wrong whatever the picture shows."""
     records = d.judge_records(600, seed=5, extra_colours=True)
-    assert not any(d._names_heldout(r["output"], r) for r in records)
+    assert not any(d.names_heldout(r["output"], r) for r in records)
     for r in records:
         words = set(r["output"].lower().split())
         assert not any(c in words and s in words for c, s in HELDOUT), r["output"]
     # the guard itself: it sees a held-out pair in any order
-    assert d._names_heldout("a square that is red moving left", {"direction": "left"})
+    assert d.names_heldout("a square that is red moving left", {"direction": "left"})
 
 
 def test_conflict_and_fragment_negatives_are_wrong_by_the_check():
@@ -406,7 +407,7 @@ def test_junk_negatives_insert_text_into_a_correct_description():
     junk = [r for r in recs if r["negative_type"] == "junk"]
     assert len(junk) >= 30
     for r in junk:
-        assert r["answer"] == "No" and not d._names_heldout(r["output"], r)
+        assert r["answer"] == "No" and not d.names_heldout(r["output"], r)
         text = r["output"]
         # the attribute values of the record are all named (the description is intact)
         for value in (r["colour"], r["shape"], r["direction"]):
@@ -501,7 +502,7 @@ def test_direction_contrast_records_differ_in_the_direction_alone():
     """A red circle moving up, asked with every direction: "up" is "Yes", "left" and
     "right" are "No", and "down" is never asked (red circle down is a held-out triple of
     the validation split); the other words are the same in every record of the clip."""
-    recs = d.direction_contrast_records(
+    recs = dm.direction_contrast_records(
         3, seed=0, wrong=3, only_triples=[("red", "circle", "up")], exclude_triples=()
     )
     assert len(recs) == 3 * 3
@@ -519,15 +520,15 @@ def test_direction_contrast_records_differ_in_the_direction_alone():
 
 
 def test_direction_contrast_records_never_show_or_name_a_heldout_combination():
-    recs = d.direction_contrast_records(200, seed=3, wrong=3, extra_colours=True)
+    recs = dm.direction_contrast_records(200, seed=3, wrong=3, extra_colours=True)
     assert sum(r["answer"] == "Yes" for r in recs) == 200
     assert len(recs) < 4 * 200  # some wrong directions were skipped: they name a held-out triple
     for r in recs:
         assert (r["colour"], r["shape"]) not in HELDOUT
         assert (r["colour"], r["shape"], r["direction"]) not in MOTION_HELDOUT
-        assert not d._names_heldout(r["output"], r)
+        assert not d.names_heldout(r["output"], r)
     with pytest.raises(ValueError, match="wrong must be"):
-        d.direction_contrast_records(1, seed=0, wrong=4)
+        dm.direction_contrast_records(1, seed=0, wrong=4)
 
 
 def test_direction_contrast_records_ask_a_wrong_colour_or_shape_in_the_same_words():
@@ -536,7 +537,7 @@ def test_direction_contrast_records_ask_a_wrong_colour_or_shape_in_the_same_word
     a wrong shape that names no held-out combination (red square is a held-out pair), and
     "green", "cyan" and "blue" are never its wrong colour (green and cyan triangles are
     held-out pairs, a blue triangle moving left a held-out triple); the direction is kept."""
-    recs = d.direction_contrast_records(
+    recs = dm.direction_contrast_records(
         40, seed=1, wrong=1, other_kinds=1.0, only_triples=[("red", "triangle", "left")]
     )
     assert len(recs) == 80
@@ -551,17 +552,17 @@ def test_direction_contrast_records_ask_a_wrong_colour_or_shape_in_the_same_word
         if no["negative_type"] == "shape":
             assert "circle" in named
         assert not named & {"square", "green", "cyan", "blue"}
-        assert not d._names_heldout(no["output"], no)
+        assert not d.names_heldout(no["output"], no)
         assert dc.description_check(no["output"], no) == 0.0
         assert yes["image"] is no["image"]
     # a cyan circle moving up has no such wrong shape (cyan triangle: a held-out pair; a
     # cyan square moving up: a held-out triple): it comes without one, never with a held-out name
-    cyan = d.direction_contrast_records(
+    cyan = dm.direction_contrast_records(
         20, seed=2, other_kinds=1.0, only_triples=[("cyan", "circle", "up")]
     )
     assert sum(r["answer"] == "Yes" for r in cyan) == 20
     assert {r["negative_type"] for r in cyan} <= {None, "colour"}
-    assert not any(d._names_heldout(r["output"], r) for r in cyan)
+    assert not any(d.names_heldout(r["output"], r) for r in cyan)
 
 
 def test_training_batch_gives_its_share_to_direction_contrasts():

@@ -34,9 +34,9 @@ from mmyatt.datasets.describe import (
     VAL_FOLD2_TRIPLES,
     clip_frames,
     describe_records,
-    direction_contrast_records,
     judge_records,
 )
+from mmyatt.datasets.describe_motion import direction_contrast_records
 from mmyatt.datasets.factored_shapes import named_records
 from mmyatt.datasets.shapes import (
     DIRECTIONS,
