@@ -20,6 +20,8 @@ capability of its own, a separate protocol the engine checks with :func:`capable
 * :class:`FlowVelocity`: the velocity field and the noise draw DiffusionNFT trains on;
 * :class:`SupervisedPolicy`: a supervised loss for ``mmyatt sft``;
 * :class:`RolloutStats`: per-step metrics of a rollout engine (vLLM rollouts);
+* :class:`DecoderFlops`: the decoder whose model FLOPs are counted (text and VLM
+  adapters; the step's ``perf/*`` metrics);
 * :class:`WholeWeights`: whole, Hugging Face-named weights of a policy whose module is
   split (a Megatron model);
 * :class:`PolicyWrapper`: an engine's policy over an adapter (``inner``).
@@ -260,6 +262,17 @@ class RolloutStats(Protocol):
     timings: dict[str, float]
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class DecoderFlops(Protocol):
+    """A causal decoder whose model FLOPs per token are counted (``models/flops.py``):
+    the step's ``perf/*`` metrics (``mmyatt.step.perf``)."""
+
+    def flops_modules(self) -> tuple[nn.Module, nn.Module]:
+        """(the causal LM with its output head, the part of it each token goes through):
+        the whole model for text, a VLM's language model without its vision tower."""
+        ...
 
 
 @runtime_checkable

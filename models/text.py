@@ -205,6 +205,10 @@ class TextPolicy:
     def module(self) -> nn.Module:
         return self.model
 
+    def flops_modules(self) -> tuple[nn.Module, nn.Module]:
+        """Every token goes through the whole causal LM (``DecoderFlops``)."""
+        return self.model, self.model
+
     def save(self, path: str) -> None:
         """Model (safetensors) and tokenizer in Hugging Face layout; with LoRA the
         adapter folded into the weights (a plain checkpoint)."""

@@ -196,6 +196,10 @@ class VLMPolicy:
     def module(self) -> nn.Module:
         return self.model
 
+    def flops_modules(self) -> tuple[nn.Module, nn.Module]:
+        """The language model's FLOPs count, not the vision tower's (``DecoderFlops``)."""
+        return self.model, self.model.model.language_model
+
     def save(self, path: str) -> None:
         """Model (safetensors), tokenizer and image processor in Hugging Face layout;
         with LoRA the adapter folded into the weights (a plain checkpoint)."""

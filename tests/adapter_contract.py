@@ -14,6 +14,7 @@ import torch
 from mmyatt.protocols import (
     EMA,
     ClosedFormKL,
+    DecoderFlops,
     FlowVelocity,
     LatentOutputs,
     MediaPrompts,
@@ -34,6 +35,7 @@ from mmyatt.step.batches import micro_batch_cost, row_widths, token_micro_batche
 CAPABILITIES = (
     TokenPolicy,
     MediaPrompts,
+    DecoderFlops,
     ReferenceKL,
     ClosedFormKL,
     EMA,

@@ -177,7 +177,7 @@ def test_auto_wakes_a_judge_partial_released_whatever_it_runs_next(
 
 def _rows(run: Path) -> dict[int, dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    skip = ("timing/", "throughput/", "placement/", "memory/", "train/minutes")
+    skip = ("timing/", "perf/", "throughput/", "placement/", "memory/", "train/minutes")
     return {
         r["step"]: {k: v for k, v in r.items() if not k.startswith(skip)}
         for r in rows

@@ -27,7 +27,9 @@ def train_rows(run: Path) -> dict[int, dict]:
                 k: v
                 for k, v in r.items()
                 # measurements of the machine, not of the run: they differ between runs
-                if not k.startswith(("timing/", "throughput/", "placement/", "dist/idle_s"))
+                if not k.startswith(
+                    ("timing/", "perf/", "throughput/", "placement/", "dist/idle_s")
+                )
                 and k not in ENGINE_TIMES
             }
     return out

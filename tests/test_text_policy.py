@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from mmyatt.models.builtin.tiny import TINY_TEXT_CONFIGS, build_tiny_text_model
 from mmyatt.models.text import IGNORE_INDEX, PromptTooLongError, TextPolicy
-from mmyatt.protocols import ReferenceKL, Sampling, SupervisedPolicy, TokenPolicy
+from mmyatt.protocols import DecoderFlops, ReferenceKL, Sampling, SupervisedPolicy, TokenPolicy
 from mmyatt.rollout import Rollout
 
 torch.set_num_threads(1)
@@ -37,7 +37,7 @@ def policy(tiny_dir):
 
 
 class TestTextPolicyContract(AdapterContract):
-    capabilities = (TokenPolicy, ReferenceKL, SupervisedPolicy)
+    capabilities = (TokenPolicy, DecoderFlops, ReferenceKL, SupervisedPolicy)
 
     @pytest.fixture(autouse=True)
     def _model_dir(self, tiny_dir):

@@ -14,7 +14,14 @@ from mmyatt.datasets.media import image_to_data_url, write_video
 from mmyatt.models.builtin.tiny_vlm import VISION_TOKENS, build_tiny_vlm
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.models.vlm_inputs import PromptTooLongError
-from mmyatt.protocols import MediaPrompts, ReferenceKL, Sampling, SupervisedPolicy, TokenPolicy
+from mmyatt.protocols import (
+    DecoderFlops,
+    MediaPrompts,
+    ReferenceKL,
+    Sampling,
+    SupervisedPolicy,
+    TokenPolicy,
+)
 
 torch.set_num_threads(1)
 
@@ -51,7 +58,7 @@ def policy(tiny_dir):
 
 
 class TestVLMPolicyContract(AdapterContract):
-    capabilities = (TokenPolicy, MediaPrompts, ReferenceKL, SupervisedPolicy)
+    capabilities = (TokenPolicy, MediaPrompts, DecoderFlops, ReferenceKL, SupervisedPolicy)
 
     @pytest.fixture(autouse=True)
     def _model_dir(self, tiny_dir):

@@ -15,6 +15,7 @@ from mmyatt.algorithms.advantages import Advantages
 from mmyatt.config.schema import RewardConfig, RunConfig
 from mmyatt.distributed import Dist, Lockstep
 from mmyatt.engines import build_engines
+from mmyatt.models.flops import ModelFlops
 from mmyatt.outputs.metrics import MetricsLogger
 from mmyatt.outputs.trackers import make_logger
 from mmyatt.placement.auto import AutoPlacer
@@ -31,6 +32,7 @@ from mmyatt.protocols import (
     CLOSED_FORM_KL,
     EMA,
     ClosedFormKL,
+    DecoderFlops,
     LatentOutputs,
     ReferenceKL,
     Sampling,
@@ -52,6 +54,7 @@ from mmyatt.step.batches import MicroBatches, Minibatches
 from mmyatt.step.controller import Controller
 from mmyatt.step.data import build_shard, eval_records, manifest_paths, synthetic_task
 from mmyatt.step.evaluation import Evaluator
+from mmyatt.step.perf import StepFlops, device_peak
 from mmyatt.step.policy_loss import NFTLoss, PolicyLoss, PPOClipLoss
 from mmyatt.step.sampling import DynamicSampling, SamplingSchedule
 from mmyatt.step.scoring import OverlongPenalty, Scorer
@@ -90,6 +93,16 @@ def build_controller(
     logger = logger or make_logger(cfg, run_dir, enabled=dist.is_main)
     # DiffusionNFT's sampling copy is taken before an engine shards the transformer
     nft = build_nft(cfg, policy)
+    # perf/*: model FLOP/s of generation and update (text and VLM), the FLOPs counted on
+    # the whole model, before an engine shards or converts it
+    perf = None
+    if capable(policy, DecoderFlops):
+        perf = StepFlops(
+            ModelFlops.of(*adapter_of(policy).flops_modules()),
+            peak=device_peak(dist.device),
+            epochs=a.ppo_epochs,
+            update_devices=dist.processes // dist.world_size,
+        )
     # replica / fsdp2 / megatron training, hf / vllm rollouts (mmyatt/engines)
     engine, wrapped = build_engines(cfg, dist, policy)
     lockstep = Lockstep(dist, engine, wrapped)
@@ -193,6 +206,7 @@ def build_controller(
         loss=build_loss(cfg, nft, lockstep, closed_form_kl),
         async_settings=async_run(cfg),
         trainer=trainer,
+        perf=perf,
         evaluator=Evaluator(
             wrapped,
             scorer,

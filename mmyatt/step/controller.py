@@ -52,6 +52,7 @@ from mmyatt.step.async_rollouts import (
 )
 from mmyatt.step.batches import MicroBatches, Minibatches, group_index
 from mmyatt.step.evaluation import Evaluator
+from mmyatt.step.perf import StepFlops
 from mmyatt.step.policy_loss import BEHAVIOUR, BEHAVIOUR_CLIPPED, PolicyLoss
 from mmyatt.step.sampling import DynamicSampling, SamplingSchedule
 from mmyatt.step.trainer import SKIPPED, Trainer
@@ -62,7 +63,8 @@ class Controller:
     ``groups`` prompt groups of G = ``group_size`` samples per generation round;
     ``nonfinite_reward``: "skip" a step with a NaN/inf reward (counted), or "fail";
     ``async_settings``: the step's batches made ahead by a producer thread
-    (``mmyatt.step.async_rollouts``), None: each step collects its own."""
+    (``mmyatt.step.async_rollouts``), None: each step collects its own;
+    ``perf``: the step's model FLOP/s and MFU (``mmyatt.step.perf``), None: not logged."""
 
     def __init__(
         self,
@@ -87,6 +89,7 @@ class Controller:
         nonfinite_reward: str = "skip",
         rollouts_per_step: int = 0,
         async_settings: AsyncSettings | None = None,
+        perf: StepFlops | None = None,
     ):
         self.dist, self.run_dir = dist, Path(run_dir)
         self.policy, self.engine, self.shard = policy, engine, shard
@@ -94,7 +97,7 @@ class Controller:
         self.advantage, self.minibatches, self.micro_batches = advantage, minibatches, micro_batches
         self.loss, self.trainer, self.evaluator = loss, trainer, evaluator
         self.scorer = placement.scorer
-        self.logger = logger
+        self.logger, self.perf = logger, perf
         self.groups, self.group_size = groups, group_size
         self.nonfinite_reward = nonfinite_reward
         self.rollouts_per_step = rollouts_per_step
@@ -156,6 +159,8 @@ class Controller:
         metrics = rollout_metrics(rollout, self.dist, self.policy)
         if self.rollouts is not None:
             metrics.update(behaviour_metrics(train))
+        if self.perf is not None:  # model FLOP/s (and MFU) of generation and the update
+            metrics.update(self.perf(rollout, train, timer.seconds))
         return self._end_step({**metrics, **dyn, **upd, **bal, **timer.metrics()})
 
     def _end_step(self, out: dict[str, float]) -> dict[str, float]:
