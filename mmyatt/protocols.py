@@ -266,7 +266,7 @@ class RolloutStats(Protocol):
 
 @runtime_checkable
 class DecoderFlops(Protocol):
-    """A causal decoder whose model FLOPs per token are counted (``models/flops.py``):
+    """A causal decoder whose model FLOPs per token are counted (``mmyatt/step/flops.py``):
     the step's ``perf/*`` metrics (``mmyatt.step.perf``)."""
 
     def flops_modules(self) -> tuple[nn.Module, nn.Module]:

@@ -1,11 +1,11 @@
-"""models/flops.py: the FLOPs formula checked by hand on a tiny Qwen2 config."""
+"""mmyatt/step/flops.py: the FLOPs formula checked by hand on a tiny Qwen2 config."""
 
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from mmyatt.models.flops import ModelFlops, causal_keys, mfu, peak_bf16_flops, rollout_flops
 from mmyatt.rollout import Rollout
+from mmyatt.step.flops import ModelFlops, causal_keys, mfu, peak_bf16_flops, rollout_flops
 
 
 def _tiny(tied: bool) -> Qwen2ForCausalLM:

@@ -12,11 +12,11 @@ from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.synthetic import write_jsonl
 from mmyatt.distributed import Dist
 from mmyatt.models.builtin.tiny import build_tiny_text_model
-from mmyatt.models.flops import ModelFlops, rollout_flops
 from mmyatt.models.text import TextPolicy
 from mmyatt.rewards.rules import WeightedReward
 from mmyatt.rollout import Rollout
 from mmyatt.step.builders import build_controller
+from mmyatt.step.flops import ModelFlops, rollout_flops
 from mmyatt.step.perf import StepFlops, device_peak
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ a tiny Qwen2 on the CPU) it measures, per arm:
 - the update of ``train.backend=replica`` and ``fsdp2``: seconds per optimizer step
   (one forward + backward over the rollout + AdamW, in micro-batches of a token budget);
 - model FLOP/s per phase (rollout, update) from the model's FLOPs per token
-  (``models.flops``: 2N per token fed plus attention, training three times that; real
+  (``mmyatt.step.flops``: 2N per token fed plus attention, training three times that; real
   tokens, each prompt once per group) and, on a GPU with a known peak, MFU per phase;
   ``update_mfu_6n_padded`` is the former 6 x parameters x padded tokens figure;
 - vLLM weight-sync seconds (trainer -> engine after the update) and sleep / wake seconds;
@@ -48,12 +48,12 @@ from mmyatt.distributed import Dist
 from mmyatt.engines import available, build_engines, close_engines
 from mmyatt.models.builtin import tiny_vlm
 from mmyatt.models.builtin.tokenizer import train_bpe_tokenizer
-from mmyatt.models.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
 from mmyatt.models.text import TextPolicy
 from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import RolloutStats, Sampling
 from mmyatt.rollout import Rollout
 from mmyatt.step.batches import token_micro_batches
+from mmyatt.step.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
 
 FAST = ["rollout.hf_static_cache=true"]
 COMPILED = [*FAST, "rollout.compile_decode=true"]

@@ -15,7 +15,6 @@ from mmyatt.algorithms.advantages import Advantages
 from mmyatt.config.schema import RewardConfig, RunConfig
 from mmyatt.distributed import Dist, Lockstep
 from mmyatt.engines import build_engines
-from mmyatt.models.flops import ModelFlops
 from mmyatt.outputs.metrics import MetricsLogger
 from mmyatt.outputs.trackers import make_logger
 from mmyatt.placement.auto import AutoPlacer
@@ -54,6 +53,7 @@ from mmyatt.step.batches import MicroBatches, Minibatches
 from mmyatt.step.controller import Controller
 from mmyatt.step.data import build_shard, eval_records, manifest_paths, synthetic_task
 from mmyatt.step.evaluation import Evaluator
+from mmyatt.step.flops import ModelFlops
 from mmyatt.step.perf import StepFlops, device_peak
 from mmyatt.step.policy_loss import NFTLoss, PolicyLoss, PPOClipLoss
 from mmyatt.step.sampling import DynamicSampling, SamplingSchedule

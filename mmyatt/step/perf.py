@@ -10,9 +10,9 @@ Per step, from the rollout and the phases' measured seconds (``timing/generate_s
   of the samples this rank trains on, times the PPO epochs (every epoch's minibatches
   and micro-batches together pass each sample once), over the update seconds;
 * ``perf/generate_mfu``, ``perf/update_mfu``: those over the device's dense bf16 peak
-  (``models.flops.PEAK_BF16``), only where it is known: none on a CPU or an unlisted GPU.
+  (``mmyatt.step.flops.PEAK_BF16``), only where it is known: none on a CPU or an unlisted GPU.
 
-Model FLOPs are the ones the model needs (``models/flops.py``): padding, a VLM's vision
+Model FLOPs are the ones the model needs (``mmyatt/step/flops.py``): padding, a VLM's vision
 tower, the old log-prob and KL reference passes and groups that dynamic sampling drops
 are not counted. The figures are this controller's (its own rollout over its own phase
 seconds, like ``timing/*``); a model-parallel controller's update is spread over its
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from mmyatt.models.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
 from mmyatt.rollout import Rollout
+from mmyatt.step.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
 
 
 def device_peak(device: torch.device) -> float | None:
