@@ -454,6 +454,8 @@ def test_describe_judge_training_keeps_frozen_parameters(tmp_path):
         train_describe_judge(
             tmp_path / "k", start=str(start), steps=1, n_eval=4, freeze=("visual_tower",), log=None
         )
+    with pytest.raises(TypeError, match=r"unknown training_batch arguments \['base_shar'\]"):
+        train_describe_judge(tmp_path / "m", start=str(start), steps=1, base_shar=0.2, log=None)
 
 
 def test_judge_pair_table_names_every_shape_in_every_phrasing():

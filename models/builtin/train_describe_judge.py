@@ -16,6 +16,7 @@ and the figures.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
@@ -222,31 +223,19 @@ def train_describe_judge(
     n_eval: int = 256,
     seed: int = 0,
     max_prompt_tokens: int = 160,
-    extra_colours: bool = True,
-    base_share: float = 0.3,
-    named_share: float = 0.0,
-    score_share: float = 0.15,
-    split_negatives: bool = False,
-    video_fraction: float = 0.25,
     frames: int = 4,
-    negative_weights: dict[str, float] | None = None,
-    direction_share: float = 0.0,
-    extra_shapes: float = 0.0,
-    contrast_share: float = 0.0,
-    contrast_wrong: int = 1,
-    contrast_other: float = 0.0,
     freeze: tuple[str, ...] = (),
     select_directions: bool = False,
     select_clips: int = 4,
     log: Callable[[str], None] | None = print,
+    **mix: Any,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (a VLM directory or ``builtin:<name>``) on fresh batches of
-    :func:`judge_records` (``extra_colours``: with the judge-only colours;
-    ``extra_shapes``: that share of the images showing an extra shape; ``freeze``: the
-    parameter-name prefixes kept as ``start`` has them, as ``model.freeze``;
-    ``contrast_share``: that share of each batch clips asked with their true and
-    ``contrast_wrong`` wrong directions, ``contrast_other`` of them with wrong colours or
-    shapes instead, :func:`training_batch`) with
+    :func:`training_batch` (``mix``: its keyword arguments, the batch's shares and kinds:
+    ``extra_colours``, ``base_share``, ``named_share``, ``score_share``,
+    ``negative_weights``, ``contrast_share``, ...; ``frames``: frames sent per clip;
+    ``freeze``: the parameter-name prefixes kept as ``start`` has them, as
+    ``model.freeze``) with
     ``VLMPolicy.sft_loss``: AdamW at ``lr`` (cosine to
     ``lr / 10``), gradient norm clipped to 1. Every ``eval_every`` steps the mean of the
     validation accuracies (seen + held-out-val) is measured (``select_directions``: with,
@@ -256,6 +245,9 @@ def train_describe_judge(
     saved to ``out_dir`` and then measured once on the test sets (and, with
     ``select_directions``, the test triples' direction table). Returns {"best_step",
     "val": {...}, "test": {...}, "seconds"}."""
+    unknown = sorted(set(mix) - set(inspect.signature(training_batch).parameters))
+    if unknown:
+        raise TypeError(f"train_describe_judge: unknown training_batch arguments {unknown}")
     say = log or (lambda _m: None)
     torch.manual_seed(seed)
     policy = VLMPolicy.load(_checkpoint_dir(start), max_prompt_tokens=max_prompt_tokens)
@@ -267,23 +259,7 @@ def train_describe_judge(
     run.started = time.perf_counter()  # the clock starts with the first step
     schedule = cosine_schedule(run.opt, steps, floor=0.1)
     for step in range(1, steps + 1):
-        batch = training_batch(
-            batch_size,
-            seed=1_000 * (seed + 1) + step,
-            extra_colours=extra_colours,
-            base_share=base_share,
-            score_share=score_share,
-            named_share=named_share,
-            split_negatives=split_negatives,
-            video_fraction=video_fraction,
-            frames=frames,
-            negative_weights=negative_weights,
-            direction_share=direction_share,
-            extra_shapes=extra_shapes,
-            contrast_share=contrast_share,
-            contrast_wrong=contrast_wrong,
-            contrast_other=contrast_other,
-        )
+        batch = training_batch(batch_size, seed=1_000 * (seed + 1) + step, frames=frames, **mix)
         loss = run.step(batch)
         schedule.step()
         if step % eval_every == 0 or step == steps:
