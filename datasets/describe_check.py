@@ -7,7 +7,7 @@ direction for a still image) makes the whole answer wrong. Rule-based, and read 
 training of the judge (``datasets/describe.py`` draws the judge's data from ground truth,
 labelled by how each record was drawn). The recipe logs these with weight 0 beside the
 judge's reward (``rewards/rules.py``: ``describe_check``, ``describe_false_claims``,
-``answer_words``, ``describe_colour``, ``describe_shape``).
+``answer_words``, ``describe_colour``, ``describe_shape``, ``describe_direction``).
 """
 
 from __future__ import annotations
@@ -81,6 +81,21 @@ def colour_right(completion: str, record: dict) -> float:
 def shape_right(completion: str, record: dict) -> float:
     """:func:`attribute_right` for the shape."""
     return attribute_right(completion, record, "shape")
+
+
+def direction_right(completion: str, record: dict) -> float:
+    """:func:`attribute_right` for a clip's direction; for an image (no direction), 1.0
+    when the answer names none: whether a policy reads motion, apart from colour and shape.
+
+    >>> clip = {"colour": "red", "shape": "circle", "direction": "up"}
+    >>> [direction_right(a, clip) for a in ("a red square moving up", "a red circle moving left")]
+    [1.0, 0.0]
+    >>> direction_right("a red circle", {"colour": "red", "shape": "circle", "direction": None})
+    1.0
+    """
+    if not record.get("direction"):
+        return float(not _named(completion)["direction"])
+    return attribute_right(completion, record, "direction")
 
 
 def false_claims(completion: str, record: dict) -> float:

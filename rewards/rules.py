@@ -135,6 +135,7 @@ DESCRIPTION_REWARDS = {
     "describe_false_claims": "false_claims",
     "describe_colour": "colour_right",
     "describe_shape": "shape_right",
+    "describe_direction": "direction_right",  # a clip's direction alone; an image: none named
     "answer_words": "answer_words",
     "describe_wellformed": "wellformed",  # 1 when the answer parses as a description
     "describe_strict": "strict_check",  # the check of well-formed answers only

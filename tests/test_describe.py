@@ -60,6 +60,23 @@ def test_attribute_checks_against_hand_written_answers(answer, colour, shape):
     assert resolve_reward("describe_shape")(answer, IMG) == shape
 
 
+@pytest.mark.parametrize(
+    "answer, record_direction, right",
+    [
+        ("a red circle moving up", "up", 1.0),
+        ("a blue square moving up", "up", 1.0),  # the direction alone is judged
+        ("a red circle moving left", "up", 0.0),
+        ("a red circle moving up and left", "up", 0.0),  # a second direction is a false one
+        ("a red circle", "up", 0.0),  # no direction named for a clip
+        ("a red circle", None, 1.0),  # an image: none named is right
+        ("a red circle moving up", None, 0.0),  # an image said to move
+    ],
+)
+def test_direction_check_against_hand_written_answers(answer, record_direction, right):
+    record = {"colour": "red", "shape": "circle", "direction": record_direction}
+    assert resolve_reward("describe_direction")(answer, record) == right
+
+
 def test_answer_words_counts_padding():
     f = resolve_reward("answer_words")
     assert f("a red circle", IMG) == 3.0

@@ -137,7 +137,7 @@ def test_recipe_runs_one_step(tmp_path, recipe):
         assert 0.0 <= rows[-1]["eval/reward/genrm_parse_failed"] <= 1.0
     if recipe == "vlm_genrm_tiny.yaml":  # the judge, the independent check, the guards
         want = {"genrm", "describe_check", "describe_false_claims", "answer_words"}
-        want |= {"describe_colour", "describe_shape"}
+        want |= {"describe_colour", "describe_shape", "describe_direction"}
         assert {f"eval/heldout/reward/{k}" for k in want} <= set(rows[-1])
         assert {f"eval/seen/reward/{k}" for k in want} <= set(rows[-1])
         for task in ("describe_image", "describe_video"):  # images and clips apart
