@@ -53,7 +53,8 @@ from mmyatt.models.vlm import VLMPolicy
 from mmyatt.protocols import RolloutStats, Sampling
 from mmyatt.rollout import Rollout
 from mmyatt.step.batches import token_micro_batches
-from mmyatt.step.flops import ModelFlops, mfu, peak_bf16_flops, rollout_flops
+from mmyatt.step.flops import ModelFlops, mfu, rollout_flops
+from mmyatt.step.perf import device_peak
 
 FAST = ["rollout.hf_static_cache=true"]
 COMPILED = [*FAST, "rollout.compile_decode=true"]
@@ -138,10 +139,6 @@ def _peak_mb(device: str) -> float:
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _peak_flops(device: str) -> float | None:
-    return peak_bf16_flops(torch.cuda.get_device_name(0)) if device.startswith("cuda") else None
 
 
 def _agreement(default: Rollout, fast: Rollout) -> dict:
@@ -255,7 +252,7 @@ def run_arm(
         "micro_batch_tokens": micro_batch_tokens,
         "peak_memory_mb": _peak_mb(device),
     }
-    peak = _peak_flops(device)
+    peak = device_peak(torch.device(device))
     if peak is not None:
         out["rollout_mfu"] = mfu(fg, gen, peak)
         out["update_mfu"] = mfu(fu, upd, peak)

@@ -97,11 +97,15 @@ def karmarkar_karp(costs: Sequence[float], k: int, equal_size: bool = True) -> l
     return [sorted(s) for s in heap[0][2].sets]
 
 
-def imbalance(costs: Sequence[float], parts: Sequence[Sequence[int]]) -> float:
-    """max / mean of the parts' summed costs (1.0 = perfectly balanced)."""
-    sums = [sum(costs[i] for i in p) for p in parts]
+def max_over_mean(sums: Sequence[float]) -> float:
+    """max / mean of per-rank sums (1.0 = perfectly balanced, and when all are zero)."""
     mean = sum(sums) / len(sums)
     return max(sums) / mean if mean > 0 else 1.0
+
+
+def imbalance(costs: Sequence[float], parts: Sequence[Sequence[int]]) -> float:
+    """max / mean of the parts' summed costs (1.0 = perfectly balanced)."""
+    return max_over_mean([sum(costs[i] for i in p) for p in parts])
 
 
 def choose_parts(costs: list[float], owner: list[int], P: int) -> list[list[int]]:

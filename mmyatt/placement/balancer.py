@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from mmyatt.placement.balance import assign_parts, karmarkar_karp
+from mmyatt.placement.balance import assign_parts, karmarkar_karp, max_over_mean
 from mmyatt.placement.cost_model import (
     CostModel,
     GroupShape,
@@ -421,8 +421,7 @@ def _max_over_mean(costs: list[list[float]], dest: list[list[int]], P: int) -> f
     for cj, dj in zip(costs, dest):
         for c, d in zip(cj, dj):
             work[d] += c
-    total = sum(work)
-    return max(work) / (total / P) if total else 1.0
+    return max_over_mean(work)
 
 
 def _slowest(per_rank: list[tuple[list[float], float]]) -> float:

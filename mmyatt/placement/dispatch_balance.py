@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch.distributed as tdist
 
 from mmyatt.distributed import Dist
-from mmyatt.placement.balance import assign_parts, choose_parts, sample_cost
+from mmyatt.placement.balance import assign_parts, choose_parts, max_over_mean, sample_cost
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,6 @@ def plan_dispatch(costs: list[list[float]]) -> DispatchPlan:
     held = [float(sum(box)) for box in costs]
     planned = [float(sum(costs[src][i] for src, i in items)) for items in take]
     return DispatchPlan(take, moved, held, planned)
-
-
-def max_over_mean(sums: list[float]) -> float:
-    mean = sum(sums) / len(sums)
-    return max(sums) / mean if mean > 0 else 1.0
 
 
 class DispatchBalance:
