@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_genrm import LOGITS, FakeJudge
 
+from mmyatt.serving.api import ChatCompletion
 from mmyatt.serving.client import JudgeClient, JudgeRequestError, JudgeUnavailableError
 from mmyatt.serving.pool import JudgePool, JudgePoolError, check_health
 from mmyatt.serving.server import JudgeServer
@@ -60,6 +61,10 @@ def test_endpoints_and_openai_wire_format(server):
     assert [t["token"] for t in first["top_logprobs"]] == ["Yes", "maybe", " Yes"]
     assert first["logprob"] == pytest.approx(2.0 - _log_norm(LOGITS["red"]))
     assert body["mmyatt"]["model_time_ms"] >= 0 and body["mmyatt"]["batch_size"] == 1
+    generated = {"messages": YES_NO["messages"], "max_tokens": 8, "n": 2, "seed": 4}
+    for answer in (body, http(f"{server.url}/v1/chat/completions", generated)[1]):
+        # the route writes its answer with orjson: it must still be the declared model's
+        assert ChatCompletion.model_validate(answer).model_dump(mode="json") == answer
 
 
 def _log_norm(logits):
@@ -81,6 +86,16 @@ def _log_norm(logits):
 def test_bad_requests_get_clear_errors(server, raw, status, needle):
     got, body = http(f"{server.url}/v1/chat/completions", raw=raw)
     assert got == status and needle in body["error"]["message"]
+
+
+def test_a_body_that_is_not_json_gets_a_400(server):
+    data = json.dumps(YES_NO).encode()
+    request = urllib.request.Request(f"{server.url}/v1/chat/completions", data=data)
+    request.add_header("Content-Type", "text/plain")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    body = json.loads(info.value.read())
+    assert info.value.code == 400 and "Content-Type: application/json" in body["error"]["message"]
 
 
 def test_api_key_required_and_never_logged(capfd, caplog):

@@ -141,10 +141,9 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._model_thread, self._run, works)
-        except Exception:  # noqa: BLE001 - a failed reload, or stopped
-            if self._stopped:
-                error = BatcherStopped("the judge server stopped")
-            return [error] * len(works)
+        except Exception as error:  # noqa: BLE001 - a failed reload, or stopped
+            stopped = BatcherStopped("the judge server stopped")
+            return [stopped if self._stopped else error] * len(works)
 
     async def _gather(self) -> list[tuple[Work, asyncio.Future]]:
         """Everything queued (up to ``max_batch``); with fewer than expected, wait for

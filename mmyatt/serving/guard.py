@@ -79,15 +79,10 @@ class Guard:
                 if more:
                     await _drain(receive, self.limit * DRAIN_FACTOR - size)
                 return await self._too_large(scope, receive, send)
-        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        replayed = False
+        queued = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
         async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return body
+            return queued.pop() if queued else await receive()
 
         return await self.app(scope, replay, send)
 
