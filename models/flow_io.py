@@ -177,6 +177,11 @@ def load(cls, path: str | Path, **kwargs):
         root / "text_encoder"
     )
     tokenizer = getattr(transformers, index["tokenizer"][1]).from_pretrained(root / "tokenizer")
+    vae = None
+    if "vae" in index:  # a latent-space built-in: its own small AutoencoderKL
+        if not (root / "vae").is_dir():
+            raise FileNotFoundError(f"{root}: missing component 'vae/' ({index['vae'][1]})")
+        vae = build_codec(getattr(diffusers, index["vae"][1]).from_pretrained(root / "vae"))
     sched = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
     geo = dict(index.get("_mmyatt", {}))
     opts: dict[str, Any] = {
@@ -193,7 +198,7 @@ def load(cls, path: str | Path, **kwargs):
     if lora_opts is not None:
         opts["lora"] = lora_opts
     shift = opts.pop("scheduler_shift", sched.get("shift", 3.0))
-    policy = cls(transformer, text_encoder, tokenizer, shift, **opts)
+    policy = cls(transformer, text_encoder, tokenizer, shift, vae=vae, **opts)
     load_lora_state(policy, lora_file, state)
     return policy
 
@@ -320,6 +325,9 @@ def save(policy, path: str, merged: bool = False) -> None:
     policy.text_encoder.save_pretrained(out / "text_encoder")
     policy.tokenizer.save_pretrained(out / "tokenizer")
     FlowMatchEulerDiscreteScheduler(shift=policy.shift).save_pretrained(out / "scheduler")
+    codec = None if policy.vae is None else policy.vae.vae
+    if codec is not None:
+        codec.save_pretrained(out / "vae")
     kind = {"sd3": "sd3-image", "flux": "flux-image", "wan": "wan-video"}[policy.family]
     geometry = {
         "kind": kind,
@@ -330,7 +338,7 @@ def save(policy, path: str, merged: bool = False) -> None:
         "max_length": policy.max_length,
         "position_channels": policy.position_channels,
     }
-    write_tiny_model_index(out, policy.transformer, policy.text_encoder, geometry)
+    write_tiny_model_index(out, policy.transformer, policy.text_encoder, geometry, codec)
 
 
 def save_pipeline_components(policy, out: Path) -> None:

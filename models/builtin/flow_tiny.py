@@ -103,8 +103,10 @@ def build_tiny_flow_model(
     max_length: int = 12,
     shift: float = 3.0,
     position_channels: bool = False,
+    vae: str | Path | None = None,
 ) -> Path:
-    """Write a randomly initialised tiny pixel-space flow model as a pipeline directory.
+    """Write a randomly initialised tiny flow model as a pipeline directory: pixel space,
+    or the latent space of ``vae`` (a saved ``AutoencoderKL`` folder, sd3-image only).
 
     ``kind``: "sd3-image" (SD3Transformer2DModel, default 32x32), "flux-image"
     (FluxTransformer2DModel on 2x2-packed pixels), "wan-video" (WanTransformer3DModel,
@@ -112,9 +114,12 @@ def build_tiny_flow_model(
     transformer takes 5 more input channels, the position planes that the policy appends
     to every input (``position_planes``, ``FlowPolicy``). Layout: transformer/,
     scheduler/, text_encoder/, tokenizer/, model_index.json (which class lives in each
-    folder, plus an ``_mmyatt`` entry with the pixel geometry). Returns the directory.
+    folder, plus an ``_mmyatt`` entry with the pixel geometry), and vae/ when ``vae`` is
+    given: the transformer then reads and writes its ``latent_channels`` at 1/``2**(levels
+    - 1)`` of ``image_size``, and ``channels`` is ignored. Returns the directory.
     """
     from diffusers import (
+        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         FluxTransformer2DModel,
         SD3Transformer2DModel,
@@ -129,8 +134,20 @@ def build_tiny_flow_model(
         raise ValueError("position_channels is for wan-video (SD3 and Flux embed positions)")
     if image_size is None:
         image_size = 16 if family == "wan" else 32
-    if image_size % patch_size:
-        raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
+    codec, sample_size = None, image_size
+    if vae is not None:
+        if family != "sd3":
+            raise ValueError(f"vae is for sd3-image (got kind {kind!r})")
+        codec = AutoencoderKL.from_pretrained(vae)
+        factor = 2 ** (len(codec.config.block_out_channels) - 1)
+        if image_size % factor:
+            raise ValueError(f"image_size {image_size} is not a multiple of the VAE's {factor}")
+        channels, sample_size = int(codec.config.latent_channels), image_size // factor
+    if sample_size % patch_size:
+        raise ValueError(
+            f"sample size {sample_size} (image_size {image_size}) is not a multiple of "
+            f"patch_size {patch_size}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -151,7 +168,7 @@ def build_tiny_flow_model(
     inner = num_attention_heads * attention_head_dim
     if family == "sd3":
         transformer = SD3Transformer2DModel(
-            sample_size=image_size,
+            sample_size=sample_size,
             patch_size=patch_size,
             in_channels=channels,
             out_channels=channels,
@@ -161,7 +178,7 @@ def build_tiny_flow_model(
             joint_attention_dim=text_dim,
             caption_projection_dim=inner,  # SD3's context stream runs at the inner width
             pooled_projection_dim=text_dim,
-            pos_embed_max_size=image_size // patch_size,
+            pos_embed_max_size=sample_size // patch_size,
         )
     elif family == "flux":
         # RoPE over (text index, row, col); the axes must add up to the head dim.
@@ -197,6 +214,8 @@ def build_tiny_flow_model(
     text_encoder.save_pretrained(out / "text_encoder")
     tokenizer.save_pretrained(out / "tokenizer")
     FlowMatchEulerDiscreteScheduler(shift=shift).save_pretrained(out / "scheduler")
+    if codec is not None:
+        codec.save_pretrained(out / "vae")
     geometry = {
         "kind": kind,
         "image_size": image_size,
@@ -206,18 +225,18 @@ def build_tiny_flow_model(
         "max_length": max_length,
         "position_channels": bool(position_channels),
     }
-    write_tiny_model_index(out, transformer, text_encoder, geometry)
+    write_tiny_model_index(out, transformer, text_encoder, geometry, codec)
     return out
 
 
-def write_tiny_model_index(out: Path, transformer, text_encoder, geometry: dict) -> None:
-    """model_index.json of a tiny built-in: which class lives in each component folder,
-    plus the pixel geometry under ``_mmyatt``."""
+def write_tiny_model_index(out: Path, transformer, text_encoder, geometry: dict, vae=None) -> None:
+    """model_index.json of a tiny built-in: which class lives in each component folder
+    (vae/ only for a latent-space one), plus the pixel geometry under ``_mmyatt``."""
     import diffusers
 
     index = {
-        # No diffusers pipeline takes one CLIP encoder and no VAE, so the pipeline class
-        # is ours; every component folder still loads with its own from_pretrained.
+        # No diffusers pipeline takes one CLIP encoder (and no VAE, or a VAE with it), so
+        # the pipeline class is ours; every component folder still loads with its own from_pretrained.
         "_class_name": OWN_PIPELINE,
         "_diffusers_version": diffusers.__version__,
         "transformer": ["diffusers", type(transformer).__name__],
@@ -226,4 +245,6 @@ def write_tiny_model_index(out: Path, transformer, text_encoder, geometry: dict)
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
         "_mmyatt": geometry,
     }
+    if vae is not None:
+        index["vae"] = ["diffusers", type(vae).__name__]
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")

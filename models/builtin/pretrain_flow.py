@@ -90,7 +90,13 @@ from mmyatt.step.lr_schedule import cosine_schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["evaluate_alignment", "evaluate_geneval", "pretrain_flow", "shape_vocab"]
+__all__ = [
+    "evaluate_alignment",
+    "evaluate_geneval",
+    "pretrain_flow",
+    "shape_vocab",
+    "torch_threads",
+]
 
 
 def shape_vocab() -> list[str]:
@@ -191,7 +197,7 @@ def evaluate_geneval(
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int):
+def torch_threads(n: int):
     """torch's intra-op thread count set to ``n`` for the block, restored after."""
     prev = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -230,6 +236,7 @@ def pretrain_flow(
     task: str = "shapes",
     ema: float = 0.0,
     init: str | Path | None = None,
+    vae: str | Path | None = None,
 ) -> dict:
     """Build the tiny model, train it with the flow-matching loss on fresh shapes, save
     the pipeline directory to ``out_dir`` and return metrics.
@@ -256,12 +263,14 @@ def pretrain_flow(
     after n steps) is what is saved, snapshots included; 0 saves the trained weights.
     ``init``: a pipeline directory of the same architecture whose weights (transformer and
     text encoder) training starts from instead of the random init (warm-up and cosine are
-    laid out anew over ``steps``).
+    laid out anew over ``steps``). ``vae``: a saved ``AutoencoderKL`` folder
+    (``pretrain_vae``); the model then learns in its latent space (sd3-image only), and
+    the VAE is frozen and saved with the pipeline.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
     out, snapshots = Path(out_dir), tuple(snapshots)
-    with _torch_threads(threads):
+    with torch_threads(threads):
         t_start = time.time()
         build_tiny_flow_model(
             out,
@@ -275,6 +284,7 @@ def pretrain_flow(
             num_attention_heads=num_attention_heads,
             attention_head_dim=attention_head_dim,
             position_channels=position_channels,
+            vae=vae,
         )
         policy = FlowPolicy.load(out)
         if init is not None:
@@ -367,6 +377,7 @@ def pretrain_flow(
             "lr": lr,
             "ema": ema,
             "init": None if init is None else str(init),
+            "vae": None if vae is None else str(vae),
             "params": n_params,
             "text_params": n_text,
             "loss": float(np.mean(recent)),
@@ -461,6 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--init", default=None, help="start from this pipeline's weights (same architecture)"
     )
+    ap.add_argument(
+        "--vae", default=None, help="learn in this AutoencoderKL's latent space (pretrain_vae)"
+    )
     ap.add_argument("--eval-samples", type=int, default=64)
     ap.add_argument("--t-dist", default="logit_normal", choices=["logit_normal", "uniform"])
     ap.add_argument("--device", default="cpu", help='where to train, e.g. "cuda"')
@@ -505,6 +519,7 @@ def main(argv: list[str] | None = None) -> None:
         ema=a.ema,
         warmup=a.warmup,
         init=a.init,
+        vae=a.vae,
     )
     print(json.dumps(m, indent=2))
 
