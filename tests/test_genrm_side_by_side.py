@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmyatt.bench.genrm import side_by_side
+from mmyatt.bench.genrm import _arm, side_by_side
 from mmyatt.bench.runs import ROOT
 
 
@@ -20,3 +20,12 @@ def test_side_by_side_of_a_checkout_with_itself():
             figures = p["this"][f"req_per_s_{n}"], p["baseline"][f"req_per_s_{n}"]
             assert p[f"ratio_{n}"] == pytest.approx(figures[0] / figures[1])
             assert min(figures) > 0
+
+
+@pytest.mark.slow
+def test_an_arm_that_runs_another_checkouts_code_is_refused(tmp_path):
+    # a "checkout" with no judge client of its own: the arm's imports fall through to
+    # the installed package, and timing it would time this checkout against itself
+    (tmp_path / "mmyatt" / "rewards").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="imported its judge client from"):
+        _arm(tmp_path, 4, 4, 1)

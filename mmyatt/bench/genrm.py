@@ -146,9 +146,15 @@ def _arm(root: Path, n1: int, n32: int, threads: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, genrm_arm.__file__, str(n1), str(n32), str(threads)]
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    if not json.loads(proc.stdout.readline() or "{}").get("ready"):
+    hello = json.loads(proc.stdout.readline() or "{}")
+    if not hello.get("ready"):
         proc.kill()
         raise RuntimeError(f"the genrm arm on {root} did not start")
+    if not Path(hello["client_file"]).resolve().is_relative_to(root.resolve()):
+        proc.kill()  # an installed package found first would time this checkout twice
+        raise RuntimeError(
+            f"the genrm arm on {root} imported its judge client from {hello['client_file']}"
+        )
     return proc
 
 

@@ -71,7 +71,9 @@ def serve_rounds(n1: int, n32: int, threads: int) -> None:
     with tempfile.TemporaryDirectory(prefix="mmyatt-genrm-arm-") as tmp:
         model_dir = build_tiny_text_model(Path(tmp) / "judge", size="qwen2-1m", corpus=CORPUS)
         with JudgePool(model_dir, n=1, max_batch=32, batch_wait_ms=5, threads=threads) as pool:
-            print(json.dumps({"ready": True}), flush=True)
+            # where the client's code came from: the driver checks it is the arm's checkout
+            source = sys.modules[JudgeClient.__module__].__file__
+            print(json.dumps({"ready": True, "client_file": source}), flush=True)
             for line in sys.stdin:
                 if line.strip() != "round":
                     break
