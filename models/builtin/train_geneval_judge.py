@@ -116,6 +116,7 @@ def train_geneval_judge(
     side: int = 84,
     eval_every: int = 100,
     n_eval: int = 200,
+    max_prompt_tokens: int = 64,
     log=print,
 ) -> dict[str, Any]:
     """Fine-tune ``start`` (default ``builtin:shape_judge``) into ``out_dir``; returns
@@ -128,7 +129,7 @@ def train_geneval_judge(
     for stale in ("README.md", "training.json"):
         (work / stale).unlink(missing_ok=True)
     set_image_side(work, side)
-    policy = VLMPolicy.load(work, max_prompt_tokens=64)
+    policy = VLMPolicy.load(work, max_prompt_tokens=max_prompt_tokens)
     run = JudgeSFT(policy, lr=lr, log=log)
     sched = cosine_schedule(run.opt, steps, warmup=50, floor=0.1)
     sets = {
@@ -160,7 +161,7 @@ def train_geneval_judge(
             policy.save(str(work))
         if out_of_time:
             break
-    final = VLMPolicy.load(work, max_prompt_tokens=64)
+    final = VLMPolicy.load(work, max_prompt_tokens=max_prompt_tokens)
     with torch.no_grad():
         test_set = ge.heldout_judge_records(n_eval, seed=54_000 + seed, split="test")
         result = {
@@ -190,6 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--side", type=int, default=84)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--augment", type=float, default=0.7)
+    ap.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=64,
+        help="training prompt width, image tokens included (raise it with --side)",
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     r = train_geneval_judge(
@@ -202,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         side=a.side,
         augment=a.augment,
         batch_size=a.batch_size,
+        max_prompt_tokens=a.max_prompt_tokens,
     )
     keep = ("best", "test", "reward_val", "reward_test", "steps", "seconds", "side")
     Path(a.out, "training.json").write_text(json.dumps({k: r[k] for k in keep}, indent=1) + "\n")
