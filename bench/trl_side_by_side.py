@@ -70,7 +70,8 @@ def run_trl(python: str, model: Path, prompts: Path, steps: int, out: Path) -> d
 
 
 def run_mmyatt(model: Path, nproc: int, threads: int, steps: int, run_dir: Path) -> dict:
-    from mmyatt.bench.runs import merge_profiles as _merge_profiles, train_run as _train
+    from mmyatt.bench.runs import merge_profiles as _merge_profiles
+    from mmyatt.bench.runs import train_run as _train
     from mmyatt.outputs.metrics import read_metrics
 
     overrides = [f"model.path={model}", f"distributed.nproc={nproc}"]
