@@ -20,7 +20,8 @@ THIS = "tests/test_tracked_files.py"
 MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|home|root|Users|mnt/data)/\w")
 # a lock file shared between processes on one machine
 LOCK_FILE = re.compile(r"/tmp/[\w.-]*\.lock\b|\bflock\s+(?:-\w+\s+)*/")
-# a result file holding a temporary path of the run that made it
+# a result file or a built-in model's config holding a temporary path of the run that
+# made it (save_pretrained writes "_name_or_path")
 DATA_TMP_PATH = re.compile(r"/tmp/\w")
 
 WORK_WORDS = [
@@ -76,8 +77,8 @@ def offending_lines(files: list[str], root: Path = ROOT) -> list[str]:
         if text is None:
             continue
         patterns = [MACHINE_PATH, LOCK_FILE, *WORK_WORDS]
-        if f.startswith("results/"):
-            patterns.append(DATA_TMP_PATH)
+        if f.startswith("results/") or (f.startswith("models/builtin/") and f.endswith(".json")):
+            patterns.append(DATA_TMP_PATH)  # results, and the configs a built-in was saved with
         for n, line in enumerate(text.splitlines(), 1):
             for p in patterns:
                 m = p.search(line)
