@@ -141,14 +141,17 @@ def build_app(server: JudgeServer) -> FastAPI:
             raise APIError(f"judge model error: {type(error).__name__}: {error}", 500) from error
         # the answer as ChatCompletion describes it, written by orjson (FastAPI passes a
         # Response through: no jsonable_encoder, no second validation)
-        timing = {"model_time_ms": result.model_time_s * 1000.0, "batch_size": result.batch_size}
         answer = {
             "id": f"{id_prefix}{next(ids):08x}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": server.model_name,
             "choices": choices(work, result),
-            "mmyatt": {**timing, "queue_ms": result.queue_s * 1000.0},
+            "mmyatt": {
+                "model_time_ms": result.model_time_s * 1000.0,
+                "batch_size": result.batch_size,
+                "queue_ms": result.queue_s * 1000.0,
+            },
         }
         return Response(orjson.dumps(answer), media_type="application/json")
 

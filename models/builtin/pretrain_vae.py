@@ -35,6 +35,7 @@ from PIL import Image
 
 from mmyatt.datasets.geneval import IMAGE_SIZE, draw_scene, geneval_records
 from mmyatt.models.builtin.pretrain_flow import torch_threads
+from mmyatt.models.flow_io import images_to_tensor, tensor_to_images
 from mmyatt.rewards.geneval_check import accuracy_by_kind, check
 from mmyatt.step.lr_schedule import cosine_schedule
 
@@ -68,25 +69,21 @@ def build_tiny_vae(
 
 def _scenes(
     n: int, seed: int, rng: np.random.Generator, heldout: str | None = None
-) -> tuple[list[dict], torch.Tensor]:
+) -> tuple[list[dict], list[Image.Image], torch.Tensor]:
+    """``n`` prompt records, their drawn scenes, and the scenes as (n, 3, H, W) in [-1, 1]."""
     recs = geneval_records(n, seed, heldout=heldout)
-    pixels = np.stack([np.asarray(draw_scene(r, rng=rng)[0]) for r in recs])
-    return recs, torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
-def _to_image(x: torch.Tensor) -> Image.Image:
-    arr = ((x.clamp(-1, 1).permute(1, 2, 0).numpy() + 1.0) * 127.5).round()
-    return Image.fromarray(arr.astype(np.uint8))
+    images = [draw_scene(r, rng=rng)[0] for r in recs]
+    return recs, images, images_to_tensor(images, IMAGE_SIZE)
 
 
 @torch.no_grad()
 def evaluate_vae(vae, *, n: int = 80, seed: int = 0, split: str = "val") -> dict:
     """Reconstruct ``n`` scenes of ``split``'s held-out combinations (posterior mode):
     {"mse", "checker_originals", "checker": {per kind}}."""
-    recs, x = _scenes(n, seed + 101, np.random.default_rng(seed), heldout=split)
+    recs, drawn, x = _scenes(n, seed + 101, np.random.default_rng(seed), heldout=split)
     rec = vae.decode(vae.encode(x).latent_dist.mode()).sample
-    ok = [check(_to_image(r), d)["correct"] for r, d in zip(rec, recs)]
-    ok_orig = [check(_to_image(o), d)["correct"] for o, d in zip(x, recs)]
+    ok = [check(im, d)["correct"] for im, d in zip(tensor_to_images(rec), recs)]
+    ok_orig = [check(im, d)["correct"] for im, d in zip(drawn, recs)]
     return {
         "mse": float(((rec.clamp(-1, 1) - x) ** 2).mean()),
         "checker_originals": float(np.mean(ok_orig)),
@@ -123,7 +120,7 @@ def pretrain_vae(
         recent: list[float] = []
         t0 = time.time()
         for step in range(steps):
-            _, x = _scenes(batch_size, int(rng.integers(2**31)), rng)
+            *_, x = _scenes(batch_size, int(rng.integers(2**31)), rng)
             post = vae.encode(x).latent_dist
             rec = vae.decode(post.sample()).sample
             err = rec - x
@@ -140,7 +137,7 @@ def pretrain_vae(
         train_s = time.time() - t0
         vae.eval().requires_grad_(False)
         with torch.no_grad():  # SD3's latent normalisation, from training scenes
-            _, x = _scenes(256, seed + 7, np.random.default_rng(seed + 7))
+            *_, x = _scenes(256, seed + 7, np.random.default_rng(seed + 7))
             z = vae.encode(x).latent_dist.mode()
         vae.register_to_config(
             shift_factor=round(float(z.mean()), 4), scaling_factor=round(1.0 / float(z.std()), 4)
