@@ -8,7 +8,10 @@ Per run, at the first eval (step 0, the base model) and the last: the judged rew
 held-out prompts (``genrm``), the independent checker (``geneval_check``) on held-out
 prompts overall and per kind and on seen ones, the one-object rule (``geneval_rule``),
 and the background texture as a ratio to the run's step-0 figure. The split is whatever
-the runs evaluated (``data.eval_split``, read from each run's config).
+the runs evaluated (``data.eval_split``, read from each run's config). From the rollout log
+(``rollouts/rank*.jsonl``), how often the judge orders two samples of one group as the
+checker does, over the pairs the checker tells apart (``rollout_agreement``): whether the
+reward the policy trains on points where the checker does on the policy's own samples.
 
 ``--base``: the base generator alone, the checker per kind on the validation and the test
 split (``pretrain_flow.evaluate_geneval``: ODE 20 steps, CFG 1, 80 held-out prompts and
@@ -18,7 +21,9 @@ split (``pretrain_flow.evaluate_geneval``: ODE 20 steps, CFG 1, 80 held-out prom
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +42,29 @@ def _figures(row: dict, base_bg: float) -> dict:
     for kind in KINDS:
         out[f"checker_heldout_{kind}"] = row.get(f"eval/heldout/{kind}/reward/geneval_check")
     return out
+
+
+def rollout_agreement(run: Path, judge: str = "genrm", check: str = "geneval_check") -> dict:
+    """Over the pairs of samples of one group (one prompt at one step) that ``check``
+    scores differently: the share that ``judge`` orders the same way (ties count half)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for path in sorted((run / "rollouts").glob("rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            groups[(r["step"], r["rank"], r["group"])].append(r["parts"])
+    same = pairs = 0.0
+    for parts in groups.values():
+        for a, b in itertools.combinations(parts, 2):
+            if judge not in a or a[check] == b[check]:
+                continue
+            pairs += 1
+            dj, dc = a[judge] - b[judge], a[check] - b[check]
+            same += 0.5 if dj == 0 else float((dj > 0) == (dc > 0))
+    return {
+        "groups": len(groups),
+        "pairs": int(pairs),
+        "agreement": round(same / pairs, 4) if pairs else None,
+    }
 
 
 def read_run(run: Path) -> dict:
@@ -60,6 +88,7 @@ def read_run(run: Path) -> dict:
         "last_step": max(evals),
         "first": _figures(first, base_bg),
         "last": _figures(last, base_bg),
+        "rollout_agreement": rollout_agreement(run),
     }
 
 
