@@ -98,3 +98,28 @@ def direction_contrast_records(
                 }
             )
     return out
+
+
+def direction_shortcut(train: list[dict], evaluated: list[dict]) -> dict:
+    """How far a clip's colour and shape alone predict its direction. For each (colour,
+    shape) the most common direction of ``train``'s clips is the guess (ties: the first
+    met); returns the share of ``train``'s clips and of ``evaluated``'s clips (overall
+    and per ``"split"``) whose true direction it is. Chance is 0.25. A policy that learns
+    the guess instead of reading the frames gains on training clips and loses on held-out
+    triples, whose direction a pair never moves in training."""
+    counts: dict[tuple, dict[str, int]] = {}
+    for r in train:
+        if r.get("direction"):
+            seen = counts.setdefault((r["colour"], r["shape"]), {})
+            seen[r["direction"]] = seen.get(r["direction"], 0) + 1
+    guess = {pair: max(seen, key=seen.get) for pair, seen in counts.items()}
+
+    def share(records: list[dict]) -> float | None:
+        clips = [r for r in records if r.get("direction")]
+        hits = [guess.get((r["colour"], r["shape"])) == r["direction"] for r in clips]
+        return round(float(np.mean(hits)), 4) if clips else None
+
+    out = {"pairs": len(guess), "train": share(train), "evaluated": share(evaluated)}
+    for split in sorted({r["split"] for r in evaluated if r.get("split")}):
+        out[split] = share([r for r in evaluated if r.get("split") == split])
+    return out

@@ -1,6 +1,8 @@
 """The open-description task of the VLM + GenRM recipe: records, held-out combinations,
 the independent check against hand-written answers, judge data and GenRM's clip frames."""
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -593,3 +595,34 @@ def test_training_batch_gives_its_share_to_direction_contrasts():
     assert len(batch) == 32 and len(contrasts) == 16
     assert sum(r["answer"] == "Yes" for r in contrasts) == 8
     assert {r["negative_type"] for r in contrasts} == {None, "direction"}
+
+
+def test_direction_shortcut_hand_worked():
+    # training clips: red circle up x2, down x1 -> guess "up"; blue square left x1 -> "left";
+    # an image (no direction) is ignored. Train: 3 of 4 clips are their pair's guess.
+    clip = lambda c, s, dr, **kw: {"colour": c, "shape": s, "direction": dr, **kw}  # noqa: E731
+    train = [
+        clip("red", "circle", "up"),
+        clip("red", "circle", "up"),
+        clip("red", "circle", "down"),
+        clip("blue", "square", "left"),
+        {"colour": "red", "shape": "circle", "direction": None},
+    ]
+    evaluated = [
+        clip("red", "circle", "up", split="seen"),  # guessed
+        clip("blue", "square", "right", split="heldout"),  # pair never moved right
+        clip("red", "circle", "left", split="heldout"),
+        clip("green", "circle", "up", split="heldout"),  # no training clip: no guess
+    ]
+    got = dm.direction_shortcut(train, evaluated)
+    assert got == {"pairs": 2, "train": 0.75, "evaluated": 0.25, "heldout": 0.0, "seen": 1.0}
+
+
+def test_direction_shortcut_of_the_written_task(tmp_path):
+    # the shipped task: the held-out triple of a pair is a direction the pair never takes
+    # in training, so the guess never names it
+    paths = d.write_describe_task(tmp_path, n_train=400, n_eval=48, seed=0)
+    read = lambda p: [json.loads(x) for x in p.read_text().splitlines()]  # noqa: E731
+    got = dm.direction_shortcut(read(paths["train"]), read(paths["test"]))
+    assert got["heldout"] == 0.0
+    assert got["train"] > 0.25
