@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,7 @@ from mmyatt.config.schema import ConfigError, load_config
 from mmyatt.outputs.rollout_log import truncate_rollouts, write_rollouts
 from mmyatt.outputs.trackers import make_logger  # also registers the trackers' config check
 from mmyatt.report.html import write_report
-from mmyatt.report.inspect import load_run
+from mmyatt.report.inspect import load_run, metrics_frame
 from mmyatt.rewards.genrm import GenRMReward
 from mmyatt.rewards.mixture import RewardMixture
 from mmyatt.rollout import Rollout
@@ -331,3 +332,20 @@ def test_placement_views_per_mode_and_switches(tmp_path):
     empty = tmp_path / "none"
     empty.mkdir()
     assert load_run(empty).placement().empty and load_run(empty).placement_switches().empty
+
+
+def test_metrics_frame_merges_a_step_and_is_not_fragmented():
+    # 150 metric columns, a training row and an eval row of the same step, a non-number
+    rows = [
+        {"step": 1, **{f"m/{i}": float(i) for i in range(150)}, "note": "x"},
+        {"step": 1, "eval/reward/mean": 0.5},
+        {"step": 0, "eval/reward/mean": 0.25},
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pandas' PerformanceWarning on a fragmented frame
+        df = metrics_frame(rows)
+    assert list(df["step"]) == [0, 1]
+    assert list(df.columns[:2]) == ["step", "m/0"]
+    assert df.loc[df.step == 1, "m/149"].item() == 149.0
+    assert list(df["eval/reward/mean"]) == [0.25, 0.5]
+    assert df["note"].isna().all()  # not a number: coerced to NaN

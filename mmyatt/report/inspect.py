@@ -53,9 +53,9 @@ def metrics_frame(rows: list[dict]) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame({"step": pd.Series(dtype=int)})
     df = pd.DataFrame(rows)
-    for c in df.columns:
-        if c != "step":
-            df[c] = pd.to_numeric(df[c], errors="coerce")
+    # every column at once: one by one fragments the frame (pandas warns past ~100)
+    values = df.drop(columns="step").apply(pd.to_numeric, errors="coerce")
+    df = pd.concat([df[["step"]], values], axis=1)
     # a step can have a training row and an eval row (eval_every, the final eval)
     df = df.groupby("step", as_index=False, sort=True).first()
     return df
