@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from mmyatt.report.inspect import load_rollouts
 
 KINDS = ("single", "counting", "two_objects", "colour_attr", "position")
 
@@ -46,23 +47,23 @@ def _figures(row: dict, base_bg: float) -> dict:
 
 def rollout_agreement(run: Path, judge: str = "genrm", check: str = "geneval_check") -> dict:
     """Over the pairs of samples of one group (one prompt at one step) that ``check``
-    scores differently: the share that ``judge`` orders the same way (ties count half)."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for path in sorted((run / "rollouts").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            groups[(r["step"], r["rank"], r["group"])].append(r["parts"])
-    same = pairs = 0.0
-    for parts in groups.values():
-        for a, b in itertools.combinations(parts, 2):
-            if judge not in a or a[check] == b[check]:
-                continue
-            pairs += 1
-            dj, dc = a[judge] - b[judge], a[check] - b[check]
-            same += 0.5 if dj == 0 else float((dj > 0) == (dc > 0))
+    scores differently: the share that ``judge`` orders the same way (ties count half).
+    The rollout log is read by :func:`mmyatt.report.inspect.load_rollouts`."""
+    df = load_rollouts(run)
+    j, c = f"part/{judge}", f"part/{check}"
+    groups = df.groupby(["step", "rank", "group"]) if len(df) else []
+    same, pairs = 0.0, 0
+    if j in df and c in df:
+        for _, g in groups:
+            scored = g.dropna(subset=[j])
+            for (ja, ca), (jb, cb) in itertools.combinations(zip(scored[j], scored[c]), 2):
+                if ca == cb:
+                    continue
+                pairs += 1
+                same += 0.5 if ja == jb else float((ja > jb) == (ca > cb))
     return {
         "groups": len(groups),
-        "pairs": int(pairs),
+        "pairs": pairs,
         "agreement": round(same / pairs, 4) if pairs else None,
     }
 

@@ -15,9 +15,17 @@ _spec.loader.exec_module(geneval_runs)
 
 def _write(run: Path, rank: int, rows: list[tuple[int, int, float, float]]) -> None:
     (run / "rollouts").mkdir(parents=True, exist_ok=True)
-    lines = [
-        json.dumps({"step": s, "rank": rank, "group": g, "parts": {"genrm": j, "geneval_check": c}})
-        for s, g, j, c in rows
+    lines = [  # the fields a rollout log line carries that the reading needs
+        json.dumps(
+            {
+                "step": s,
+                "rank": rank,
+                "group": g,
+                "sample": i,
+                "parts": {"genrm": j, "geneval_check": c},
+            }
+        )
+        for i, (s, g, j, c) in enumerate(rows)
     ]
     (run / "rollouts" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
 
