@@ -482,3 +482,18 @@ def test_auto_measurements_travel_in_the_controllers_checkpoint_state(calls):
     assert other.auto.model.gen == pl.auto.model.gen and other.auto.model.work_changed
     assert other.auto.steps == {} and len(other.auto.queue) == 2
     assert placement(load_config(None, [])).state_dict() == {}
+
+
+@pytest.mark.parametrize(
+    ("judge", "reads"),
+    [
+        (["reward.judge.model=builtin:tiny_judge"], True),  # started by the run
+        (["reward.judge.model=null", "reward.judge.urls=[http://127.0.0.1:9]"], False),
+    ],
+)
+def test_shared_mode_reads_counters_only_of_judges_the_run_starts(judge, reads):
+    """A judge at reward.judge.urls may be across a network: shared mode makes no call to
+    it for counters (each would be a round trip on the step's path, around every phase)."""
+    cfg = load_config("configs/flow_grpo_genrm_tiny.yaml", ["placement.mode=shared", *judge])
+    assert cfg.placement.log_memory
+    assert (placement(cfg).judges is not None) is reads

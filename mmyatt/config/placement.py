@@ -53,7 +53,8 @@ class PlacementConfig(Section):
     """auto: how much faster a role may run alone than it was measured beside the other one
     (partial); a plan that could then beat the best by 3% is measured, not just predicted"""
     log_memory: Bool = True
-    """per-phase peak RSS, and device MB on CUDA (placement/peak_*)"""
+    """per-phase peak RSS, and device MB on CUDA (placement/peak_*); in shared mode a
+    judge's counters are read only when the run starts it (not at reward.judge.urls)"""
     balance: Bool = False
     """move whole prompt groups between the controllers before the update so that the
     slowest rank's update is shorter (balance_when); only token / latent tensors move

@@ -273,8 +273,11 @@ def build_placement(
     merge = p.merge_rollout and dist.world_size > 1 and not dist.model_parallel
     has_judge = any(f.name == "genrm" for f in cfg.reward.functions) and bool(j.model or j.urls)
     judges = None
-    if dist.is_main and has_judge and (p.mode != "shared" or p.log_memory):
-        # shared mode only reads the judges' counters (CPU, busy time, memory)
+    # shared mode only reads the judges' counters (CPU, busy time, memory), and only of
+    # judges the run starts: a judge at reward.judge.urls may be across a network, where
+    # each of the step's reads (around every phase) is a round trip on the step's path
+    started = bool(j.model)
+    if dist.is_main and has_judge and (p.mode != "shared" or (p.log_memory and started)):
         key = os.environ.get(j.api_key_env) if j.api_key_env else None
         judges = JudgeControl(j.urls, api_key=key)
     cores = run_cores(p)
