@@ -323,16 +323,19 @@ def async_rows() -> Rows:
     a, res = load("bench/async.json"), "results/bench/async.json"
     out: Rows = {}
     for case, c in a["cases"].items():
+        steps = c.get("steps") or (a["text_steps"] if case == "text" else a["steps"])
         for arm in ("sync", "one_step_off"):
             x = c[arm]
             r = x["eval_reward_end"]
             name = ASYNC_CASES[case].format(ms=round(a["latency_s"] * 1000))
             label = f"sync ({c['sync_placement']})" if arm == "sync" else arm
             out[f"{name}: {label}"] = [
+                str(steps),
                 f"{r['mean']:.3f} ({r['min']:.3f}-{r['max']:.3f})",
                 f"{x['train_s']['mean']:.1f}",
                 f"{x['wall_s']['mean']:.1f}",
                 times(c["train_ratio_async_over_sync"]) if arm != "sync" else "-",
+                times(c["wall_ratio_async_over_sync"]) if arm != "sync" else "-",
                 f"{x['idle_core_share']['mean']:.2f}",
                 res,
             ]

@@ -302,8 +302,8 @@ TABLES = {
     "gpu": Table(B, "check | figure | result", gpu_rows, allow={"1.77"}),
     "async": Table(
         B,
-        "case, arm | held-out reward at the end | training s | wall s | async / sync "
-        "training time | idle core share | result",
+        "case, arm | steps | held-out reward at the end | training s | wall s | async / sync "
+        "training time | async / sync wall time | idle core share | result",
         async_rows,
     ),
 }
