@@ -301,6 +301,7 @@ def write_describe_task(
     shape_first: float = 0.0,
     extra_shapes: float = 0.0,
     sft_holdout: bool = False,
+    clip_heldout: str = "triples",
 ) -> dict[str, Path]:
     """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
     records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
@@ -318,12 +319,26 @@ def write_describe_task(
     the test split and its exclusions do not change. ``shape_first``: the share of the
     train and SFT records whose reference answer names the shape before the colour (the
     SFT warm start learns to write the shape first); ``extra_shapes``: the share of their
-    images showing an extra shape. Returns {"train", "sft", "sft_heldout", "test", "val"}."""
+    images showing an extra shape. ``clip_heldout="pairs"``: the held-out clips are those
+    of the held-out colour x shape pairs, in every direction, and the trained pairs move
+    every way in training, so that a clip's colour and shape tell nothing of its direction
+    (with ``"triples"``, each trained pair misses in training the one direction its
+    held-out triple moves in: :func:`mmyatt.datasets.describe_motion.direction_shortcut`).
+    Returns {"train", "sft", "sft_heldout", "test", "val"}."""
     if val_fold not in (1, 2):
         raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
+    if clip_heldout not in ("triples", "pairs"):
+        raise ValueError(f"clip_heldout must be 'triples' or 'pairs', got {clip_heldout!r}")
+    if clip_heldout == "pairs" and val_fold != 1:
+        raise ValueError("clip_heldout='pairs' has one validation fold (val_fold=1)")
     root = Path(out_dir)
     excl_p, excl_t = HELDOUT, MOTION_HELDOUT
     val_pairs, val_triples, val_seed = HELDOUT_VAL, MOTION_HELDOUT_VAL, 2000 + seed
+    test_triples, test_excl = MOTION_HELDOUT_TEST, MOTION_HELDOUT
+    if clip_heldout == "pairs":
+        excl_t = test_excl = ()
+        val_triples = tuple((c, s, d) for c, s in HELDOUT_VAL for d in DIRECTIONS)
+        test_triples = tuple((c, s, d) for c, s in HELDOUT_TEST for d in DIRECTIONS)
     if val_fold == 2:
         excl_p = HELDOUT_TEST + VAL_FOLD2_PAIRS
         excl_t = MOTION_HELDOUT_TEST + VAL_FOLD2_TRIPLES
@@ -356,7 +371,9 @@ def write_describe_task(
             )
             for name, held in (("sft", sft_holdout), ("sft_heldout", True))
         },
-        "test": _eval_split(n_eval, 1000 + seed, HELDOUT_TEST, MOTION_HELDOUT_TEST, video_fraction),
+        "test": _eval_split(
+            n_eval, 1000 + seed, HELDOUT_TEST, test_triples, video_fraction, HELDOUT, test_excl
+        ),
         "val": _eval_split(
             n_eval, val_seed, val_pairs, val_triples, video_fraction, excl_p, excl_t
         ),

@@ -118,3 +118,30 @@ def test_direction_shortcut_of_the_written_task(tmp_path):
     got = dm.direction_shortcut(read(paths["train"]), read(paths["test"]))
     assert got["heldout"] == 0.0
     assert got["train"] > 0.25
+
+
+def test_clip_heldout_pairs_holds_out_whole_pairs_and_trains_every_direction(tmp_path):
+    paths = d.write_describe_task(tmp_path, n_train=2000, n_eval=48, seed=0, clip_heldout="pairs")
+    read = lambda p: [json.loads(x) for x in p.read_text().splitlines()]  # noqa: E731
+    train, test, val = read(paths["train"]), read(paths["test"]), read(paths["val"])
+    clips = [r for r in train if r["direction"]]
+    # every trained pair moves every way in training; no held-out pair is trained
+    moves: dict[tuple, set] = {}
+    for r in clips:
+        moves.setdefault((r["colour"], r["shape"]), set()).add(r["direction"])
+    assert len(moves) == 12 and all(len(v) == 4 for v in moves.values())
+    assert not any((r["colour"], r["shape"]) in d.HELDOUT for r in train)
+    # the held-out clips are the held-out pairs', in more than one direction
+    for split, pairs in ((test, d.HELDOUT_TEST), (val, d.HELDOUT_VAL)):
+        held = [r for r in split if r["split"] == "heldout" and r["direction"]]
+        assert held and all((r["colour"], r["shape"]) in pairs for r in held)
+        assert len({r["direction"] for r in held}) > 1
+    # colour and shape tell nothing of a held-out clip's direction
+    assert dm.direction_shortcut(train, test)["heldout"] == 0.0
+
+
+def test_clip_heldout_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="clip_heldout"):
+        d.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="clips")
+    with pytest.raises(ValueError, match="val_fold"):
+        d.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="pairs", val_fold=2)
