@@ -360,7 +360,8 @@ def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     )
     with pytest.raises(
         ValueError,
-        match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first', 'extra_shapes'\]",
+        match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first', "
+        r"'extra_shapes', 'clip_heldout', 'video_fraction'\]",
     ):
         synthetic_task("synthetic:describe", tmp_path, cfg)
     cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])

@@ -74,7 +74,14 @@ def synthetic_task(spec: str, out_dir: Path, cfg: RunConfig) -> tuple[Path, Path
 
 # the keyword arguments each synthetic task's writer takes from data.synthetic_kwargs
 WRITER_KEYS: dict[str, tuple[str, ...]] = {
-    "describe": ("extra_colours", "val_fold", "shape_first", "extra_shapes", "clip_heldout")
+    "describe": (
+        "extra_colours",
+        "val_fold",
+        "shape_first",
+        "extra_shapes",
+        "clip_heldout",
+        "video_fraction",
+    )
 }
 
 
