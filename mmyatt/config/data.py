@@ -23,7 +23,9 @@ class DataConfig(Section):
     extra_colours, the share of train and SFT records in colours outside the eval
     palette; val_fold: 2 for the second validation fold; shape_first, the share of
     reference answers that name the shape before the colour; extra_shapes, the share
-    of train and SFT images showing a shape outside the eval's three)"""
+    of train and SFT images showing a shape outside the eval's three; clip_heldout:
+    pairs to hold out whole colour x shape pairs for clips, triples (default) for
+    colour x shape x direction; video_fraction, the share of clips, 0.25)"""
     prompts_per_step: Int = Field(16, ge=1)
     """B, global over all controllers"""
     shuffle: Bool = True
