@@ -6,9 +6,10 @@ text. Nothing matches an answer string exactly: a judge reads the answer next to
 image (or the clip's frames) and says whether it is correct
 (``configs/vlm_genrm_tiny.yaml``). Three things live here:
 
-* **Records** (:func:`describe_records`, :func:`write_describe_task`): images and clips of
-  the flow recipes' shapes (``datasets/shapes.py``) with their ground-truth attributes and
-  one reference description in a varied phrasing (the SFT target).
+* **Records** (:func:`describe_records`): images and clips of the flow recipes' shapes
+  (``datasets/shapes.py``) with their ground-truth attributes and one reference
+  description in a varied phrasing (the SFT target); ``describe_task.py`` writes the
+  task's splits from them.
 * **The independent check** lives apart, in ``describe_check.py``: the ground-truth
   attributes against the words of the answer, rule-based and read by no training of
   the judge.
@@ -26,7 +27,6 @@ and 1/3 trained combinations ("split": "seen").
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -36,17 +36,13 @@ from .shapes import (
     COLOURS,
     DIRECTIONS,
     HELDOUT,
-    HELDOUT_TEST,
-    HELDOUT_VAL,
     MOTION_HELDOUT,
-    MOTION_HELDOUT_TEST,
-    MOTION_HELDOUT_VAL,
     SHAPES,
     draw_shape,
     is_heldout,
     moving_shape_clip,
 )
-from .vision_tasks import other_value, write_split
+from .vision_tasks import other_value
 
 IMAGE_SIZE = 56
 FRAMES = 4
@@ -121,7 +117,7 @@ JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
 # in the other phrasings, and which a policy rewarded by them drifted into (at 0.8, about a
 # third of the negatives, 1000 steps brought it to 0.17; at 0.25, 400 steps, to 0.41).
 SHAPE_FIRST_WEIGHTS = {**JUNK_WEIGHTS, "shape_first": 0.8}
-# The second validation fold's held-out combinations (``write_describe_task(val_fold=2)``):
+# The second validation fold's held-out combinations (``describe_task.write_describe_task(val_fold=2)``):
 # each validation colour's other trained shape, and clips of them.
 VAL_FOLD2_PAIRS: tuple[tuple[str, str], ...] = (
     ("yellow", "square"),
@@ -259,129 +255,6 @@ def describe_records(
     return out
 
 
-def _eval_split(
-    n: int,
-    seed: int,
-    pairs,
-    triples,
-    video_fraction: float,
-    exclude_pairs=HELDOUT,
-    exclude_triples=MOTION_HELDOUT,
-) -> list[dict]:
-    """2/3 held-out (``pairs`` for images, ``triples`` for clips), then 1/3 trained
-    combinations (none in ``exclude_*``), interleaved two held-out then one seen."""
-    held = describe_records(
-        n, seed=seed, video_fraction=video_fraction, only_pairs=pairs, only_triples=triples
-    )
-    seen = describe_records(
-        n // 2,
-        seed=seed + 1,
-        video_fraction=video_fraction,
-        exclude_pairs=exclude_pairs,
-        exclude_triples=exclude_triples,
-    )
-    out, j = [], 0
-    for i, r in enumerate(held):
-        out.append({**r, "split": "heldout"})
-        if i % 2 == 1 and j < len(seen):
-            out.append({**seen[j], "split": "seen"})
-            j += 1
-    return out + [{**r, "split": "seen"} for r in seen[j:]]
-
-
-def write_describe_task(
-    out_dir: str | Path,
-    *,
-    n_train: int = 2000,
-    n_eval: int = 96,
-    seed: int = 0,
-    video_fraction: float = 0.25,
-    extra_colours: float = 0.0,
-    val_fold: int = 1,
-    shape_first: float = 0.0,
-    extra_shapes: float = 0.0,
-    sft_holdout: bool = False,
-    clip_heldout: str = "triples",
-) -> dict[str, Path]:
-    """``train.jsonl`` (trained combinations only), ``test.jsonl`` (``n_eval`` held-out
-    records of HELDOUT_TEST / MOTION_HELDOUT_TEST + ``n_eval // 2`` seen) and
-    ``val.jsonl`` (the same for the _VAL combinations, other seeds). Media under
-    ``media/`` (PNG images, GIF clips at 2 fps); ``sft.jsonl``: the SFT warm start's
-    records, every combination included, and ``sft_heldout.jsonl`` the same draw with
-    the held-out combinations excluded, as RL's split (a warm start that never saw
-    them: ``sft.data=<run>/data/sft_heldout.jsonl``; ``sft_holdout=True`` makes it
-    ``sft.jsonl``). ``extra_colours``: the share of train and SFT
-    records drawn in :data:`EXTRA_COLOURS` (the judge's extra colours, with every shape;
-    the eval splits keep the palette). ``val_fold=2``: a second validation fold, for
-    checking that a choice carries over to other held-out pairs: the validation pairs
-    join RL training and :data:`VAL_FOLD2_PAIRS` / :data:`VAL_FOLD2_TRIPLES` (trained
-    combinations of the validation colours) are held out of it and make ``val.jsonl``;
-    the test split and its exclusions do not change. ``shape_first``: the share of the
-    train and SFT records whose reference answer names the shape before the colour (the
-    SFT warm start learns to write the shape first); ``extra_shapes``: the share of their
-    images showing an extra shape. ``clip_heldout="pairs"``: the held-out clips are those
-    of the held-out colour x shape pairs, in every direction, and the trained pairs move
-    every way in training, so that a clip's colour and shape tell nothing of its direction
-    (with ``"triples"``, each trained pair misses in training the one direction its
-    held-out triple moves in: :func:`mmyatt.datasets.describe_motion.direction_shortcut`).
-    Returns {"train", "sft", "sft_heldout", "test", "val"}."""
-    if val_fold not in (1, 2):
-        raise ValueError(f"val_fold must be 1 or 2, got {val_fold}")
-    if clip_heldout not in ("triples", "pairs"):
-        raise ValueError(f"clip_heldout must be 'triples' or 'pairs', got {clip_heldout!r}")
-    if clip_heldout == "pairs" and val_fold != 1:
-        raise ValueError("clip_heldout='pairs' has one validation fold (val_fold=1)")
-    root = Path(out_dir)
-    excl_p, excl_t = HELDOUT, MOTION_HELDOUT
-    val_pairs, val_triples, val_seed = HELDOUT_VAL, MOTION_HELDOUT_VAL, 2000 + seed
-    test_triples, test_excl = MOTION_HELDOUT_TEST, MOTION_HELDOUT
-    if clip_heldout == "pairs":
-        excl_t = test_excl = ()
-        val_triples = tuple((c, s, d) for c, s in HELDOUT_VAL for d in DIRECTIONS)
-        test_triples = tuple((c, s, d) for c, s in HELDOUT_TEST for d in DIRECTIONS)
-    if val_fold == 2:
-        excl_p = HELDOUT_TEST + VAL_FOLD2_PAIRS
-        excl_t = MOTION_HELDOUT_TEST + VAL_FOLD2_TRIPLES
-        val_pairs, val_triples, val_seed = VAL_FOLD2_PAIRS, VAL_FOLD2_TRIPLES, 3000 + seed
-    splits = {
-        "train": describe_records(
-            n_train,
-            seed=2 * seed,
-            video_fraction=video_fraction,
-            exclude_pairs=excl_p,
-            exclude_triples=excl_t,
-            extra_fraction=extra_colours,
-            shape_first=shape_first,
-            extra_shapes=extra_shapes,
-        ),
-        # the warm start's split: every combination, as the flow recipes' base models saw
-        # them ("held-out" means unseen by RL and by the judge); the same draw without the
-        # held-out combinations is written beside it (docs/vlm_genrm.md: both measured on
-        # the validation split, this one chosen)
-        **{
-            name: describe_records(
-                n_train,
-                seed=2 * seed + 1,
-                video_fraction=video_fraction,
-                exclude_pairs=excl_p if held else (),
-                exclude_triples=excl_t if held else (),
-                extra_fraction=extra_colours,
-                shape_first=shape_first,
-                extra_shapes=extra_shapes,
-            )
-            for name, held in (("sft", sft_holdout), ("sft_heldout", True))
-        },
-        "test": _eval_split(
-            n_eval, 1000 + seed, HELDOUT_TEST, test_triples, video_fraction, HELDOUT, test_excl
-        ),
-        "val": _eval_split(
-            n_eval, val_seed, val_pairs, val_triples, video_fraction, excl_p, excl_t
-        ),
-    }
-    return {name: write_split(recs, root, name, folder="media") for name, recs in splits.items()}
-
-
-# --- judge data -------------------------------------------------------------------------------
 def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
     # a wrong colour from the image's own group: palette for palette images, so that

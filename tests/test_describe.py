@@ -9,6 +9,7 @@ from PIL import Image
 
 from mmyatt.datasets import describe as d
 from mmyatt.datasets import describe_check as dc
+from mmyatt.datasets import describe_task as dt
 from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, MOTION_HELDOUT, MOTION_HELDOUT_TEST
 from mmyatt.rewards.genrm import GenRMReward, load_template
 from mmyatt.rewards.rules import resolve_reward
@@ -99,7 +100,7 @@ def test_records_hold_out_combinations_and_carry_media():
 
 
 def test_written_task_splits(tmp_path):
-    p = d.write_describe_task(tmp_path, n_train=40, n_eval=12)
+    p = dt.write_describe_task(tmp_path, n_train=40, n_eval=12)
 
     test = [json.loads(x) for x in p["test"].read_text().splitlines()]
     held = [r for r in test if r["split"] == "heldout"]
@@ -200,13 +201,13 @@ def test_warm_start_split_sees_every_combination(tmp_path):
     def read(path):
         return [json.loads(x) for x in path.read_text().splitlines()]
 
-    p = d.write_describe_task(tmp_path / "a", n_train=300, n_eval=6)
+    p = dt.write_describe_task(tmp_path / "a", n_train=300, n_eval=6)
     sft, held = read(p["sft"]), read(p["sft_heldout"])
     assert any((r["colour"], r["shape"]) in HELDOUT for r in sft)
     assert not any((r["colour"], r["shape"]) in HELDOUT for r in held)
     triples = [(r["colour"], r["shape"], r["direction"]) for r in held if r["direction"]]
     assert triples and not set(triples) & set(MOTION_HELDOUT)
-    q = d.write_describe_task(tmp_path / "b", n_train=300, n_eval=6, sft_holdout=True)
+    q = dt.write_describe_task(tmp_path / "b", n_train=300, n_eval=6, sft_holdout=True)
     assert [r["answer"] for r in read(q["sft"])] == [r["answer"] for r in held]
 
 
@@ -214,7 +215,7 @@ def test_extra_colours_reach_train_and_sft_only(tmp_path):
 
     plain = d.describe_records(60, seed=5)
     assert d.describe_records(60, seed=5, extra_fraction=0.0)[7]["answer"] == plain[7]["answer"]
-    p = d.write_describe_task(tmp_path, n_train=400, n_eval=12, extra_colours=0.3)
+    p = dt.write_describe_task(tmp_path, n_train=400, n_eval=12, extra_colours=0.3)
     rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
     for split in ("train", "sft"):
         extra = [r for r in rows[split] if r["colour"] in d.EXTRA_COLOURS]
@@ -233,7 +234,7 @@ def test_second_validation_fold_swaps_the_validation_pairs_into_training(tmp_pat
 
     from mmyatt.datasets.shapes import HELDOUT_VAL
 
-    p = d.write_describe_task(tmp_path, n_train=600, n_eval=12, val_fold=2)
+    p = dt.write_describe_task(tmp_path, n_train=600, n_eval=12, val_fold=2)
     rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
     pairs = {k: {(r["colour"], r["shape"]) for r in v} for k, v in rows.items()}
     assert not pairs["train"] & (set(HELDOUT_TEST) | set(d.VAL_FOLD2_PAIRS))
@@ -245,10 +246,10 @@ def test_second_validation_fold_swaps_the_validation_pairs_into_training(tmp_pat
         if r["direction"]:
             assert (r["colour"], r["shape"], r["direction"]) in d.VAL_FOLD2_TRIPLES
     assert not {(r["colour"], r["shape"]) for r in seen} & set(d.VAL_FOLD2_PAIRS)
-    default = d.write_describe_task(tmp_path / "one", n_train=600, n_eval=12)
+    default = dt.write_describe_task(tmp_path / "one", n_train=600, n_eval=12)
     assert p["test"].read_text() == default["test"].read_text()  # the test split stays
     with pytest.raises(ValueError, match="val_fold"):
-        d.write_describe_task(tmp_path / "bad", n_train=4, n_eval=3, val_fold=3)
+        dt.write_describe_task(tmp_path / "bad", n_train=4, n_eval=3, val_fold=3)
 
 
 def test_shape_first_rephrases_the_answers_and_nothing_else(tmp_path):
@@ -269,10 +270,10 @@ def test_shape_first_rephrases_the_answers_and_nothing_else(tmp_path):
             assert np.array_equal(np.asarray(a["image"]), np.asarray(b["image"]))
     share = np.mean([r["answer"].split()[1] == r["shape"] for r in half])
     assert 0.55 < share < 0.75  # half drawn shape first, plus the mixed phrasings' own 1/5
-    p = d.write_describe_task(tmp_path, n_train=60, n_eval=6, shape_first=1.0)
+    p = dt.write_describe_task(tmp_path, n_train=60, n_eval=6, shape_first=1.0)
     rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
     assert all(r["answer"].split()[1] == r["shape"] for r in rows["sft"] + rows["train"])
-    default = d.write_describe_task(tmp_path / "plain", n_train=60, n_eval=6)
+    default = dt.write_describe_task(tmp_path / "plain", n_train=60, n_eval=6)
     for split in ("test", "val"):  # the eval splits are not touched
         assert p[split].read_text() == default[split].read_text()
     with pytest.raises(ValueError, match="shape_first"):
@@ -294,11 +295,11 @@ def test_extra_shapes_reach_train_and_sft_images_only(tmp_path):
     )
     assert {r["shape"] for r in extra} == set(EXTRA_SHAPES)
     assert all(dc.description_check(r["answer"], r) == 1.0 for r in extra)  # named right
-    p = d.write_describe_task(tmp_path, n_train=80, n_eval=6, extra_shapes=0.5)
+    p = dt.write_describe_task(tmp_path, n_train=80, n_eval=6, extra_shapes=0.5)
     rows = {k: [json.loads(x) for x in p[k].read_text().splitlines()] for k in p}
     for split in ("train", "sft"):
         assert any(r["shape"] in EXTRA_SHAPES for r in rows[split])
-    default = d.write_describe_task(tmp_path / "plain", n_train=80, n_eval=6)
+    default = dt.write_describe_task(tmp_path / "plain", n_train=80, n_eval=6)
     for split in ("test", "val"):  # the eval splits keep the task's shapes, unchanged
         assert p[split].read_text() == default[split].read_text()
     with pytest.raises(ValueError, match="extra_shapes"):
@@ -361,7 +362,7 @@ def test_synthetic_kwargs_are_checked_against_the_task(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"synthetic:describe takes \['extra_colours', 'val_fold', 'shape_first', "
-        r"'extra_shapes', 'clip_heldout', 'video_fraction'\]",
+        r"'extra_shapes', 'clip_heldout', 'video_fraction', 'sft_direction_drill'\]",
     ):
         synthetic_task("synthetic:describe", tmp_path, cfg)
     cfg = load_config("configs/text_grpo_tiny.yaml", ["data.synthetic_kwargs={extra_colours: 0.3}"])

@@ -8,7 +8,8 @@ import pytest
 from mmyatt.datasets import describe as d
 from mmyatt.datasets import describe_check as dc
 from mmyatt.datasets import describe_motion as dm
-from mmyatt.datasets.shapes import HELDOUT, MOTION_HELDOUT
+from mmyatt.datasets import describe_task as dt
+from mmyatt.datasets.shapes import HELDOUT, HELDOUT_TEST, HELDOUT_VAL, MOTION_HELDOUT
 
 
 def test_direction_contrast_records_differ_in_the_direction_alone():
@@ -113,7 +114,7 @@ def test_direction_shortcut_hand_worked():
 def test_direction_shortcut_of_the_written_task(tmp_path):
     # the shipped task: the held-out triple of a pair is a direction the pair never takes
     # in training, so the guess never names it
-    paths = d.write_describe_task(tmp_path, n_train=400, n_eval=48, seed=0)
+    paths = dt.write_describe_task(tmp_path, n_train=400, n_eval=48, seed=0)
     read = lambda p: [json.loads(x) for x in p.read_text().splitlines()]  # noqa: E731
     got = dm.direction_shortcut(read(paths["train"]), read(paths["test"]))
     assert got["heldout"] == 0.0
@@ -121,7 +122,7 @@ def test_direction_shortcut_of_the_written_task(tmp_path):
 
 
 def test_clip_heldout_pairs_holds_out_whole_pairs_and_trains_every_direction(tmp_path):
-    paths = d.write_describe_task(tmp_path, n_train=2000, n_eval=48, seed=0, clip_heldout="pairs")
+    paths = dt.write_describe_task(tmp_path, n_train=2000, n_eval=48, seed=0, clip_heldout="pairs")
     read = lambda p: [json.loads(x) for x in p.read_text().splitlines()]  # noqa: E731
     train, test, val = read(paths["train"]), read(paths["test"]), read(paths["val"])
     clips = [r for r in train if r["direction"]]
@@ -130,9 +131,9 @@ def test_clip_heldout_pairs_holds_out_whole_pairs_and_trains_every_direction(tmp
     for r in clips:
         moves.setdefault((r["colour"], r["shape"]), set()).add(r["direction"])
     assert len(moves) == 12 and all(len(v) == 4 for v in moves.values())
-    assert not any((r["colour"], r["shape"]) in d.HELDOUT for r in train)
+    assert not any((r["colour"], r["shape"]) in HELDOUT for r in train)
     # the held-out clips are the held-out pairs', in more than one direction
-    for split, pairs in ((test, d.HELDOUT_TEST), (val, d.HELDOUT_VAL)):
+    for split, pairs in ((test, HELDOUT_TEST), (val, HELDOUT_VAL)):
         held = [r for r in split if r["split"] == "heldout" and r["direction"]]
         assert held and all((r["colour"], r["shape"]) in pairs for r in held)
         assert len({r["direction"] for r in held}) > 1
@@ -142,6 +143,20 @@ def test_clip_heldout_pairs_holds_out_whole_pairs_and_trains_every_direction(tmp
 
 def test_clip_heldout_is_checked(tmp_path):
     with pytest.raises(ValueError, match="clip_heldout"):
-        d.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="clips")
+        dt.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="clips")
     with pytest.raises(ValueError, match="val_fold"):
-        d.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="pairs", val_fold=2)
+        dt.write_describe_task(tmp_path, n_train=10, n_eval=6, clip_heldout="pairs", val_fold=2)
+
+
+def test_sft_direction_drill_asks_each_sft_clip_its_direction(tmp_path):
+    paths = dt.write_describe_task(tmp_path, n_train=40, n_eval=6, sft_direction_drill=True)
+    read = lambda p: [json.loads(x) for x in p.read_text().splitlines()]  # noqa: E731
+    for name in ("sft", "sft_heldout"):
+        recs = read(paths[name])
+        clips = [r for r in recs if r["direction"] and r["task"] == "describe_video"]
+        drill = [r for r in recs if r["task"] == "direction_drill"]
+        assert clips and len(drill) == len(clips)
+        for r in drill:
+            assert r["prompt"] == d.DIRECTION_QUESTION and r["answer"] == r["direction"]
+            assert (tmp_path / r["video"]).exists()
+    assert not any(r["task"] == "direction_drill" for r in read(paths["train"]))

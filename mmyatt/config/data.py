@@ -25,7 +25,8 @@ class DataConfig(Section):
     reference answers that name the shape before the colour; extra_shapes, the share
     of train and SFT images showing a shape outside the eval's three; clip_heldout:
     pairs to hold out whole colour x shape pairs for clips, triples (default) for
-    colour x shape x direction; video_fraction, the share of clips, 0.25)"""
+    colour x shape x direction; video_fraction, the share of clips, 0.25;
+    sft_direction_drill: true to ask each SFT clip its direction too)"""
     prompts_per_step: Int = Field(16, ge=1)
     """B, global over all controllers"""
     shuffle: Bool = True

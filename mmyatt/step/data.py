@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mmyatt.config.schema import RunConfig
 from mmyatt.datasets import shapes, vision_tasks
-from mmyatt.datasets.describe import write_describe_task
+from mmyatt.datasets.describe_task import write_describe_task
 from mmyatt.datasets.geneval import write_geneval_task
 from mmyatt.datasets.manifest import ShardedManifest
 from mmyatt.datasets.media import media_transform as decode_media
@@ -81,6 +81,7 @@ WRITER_KEYS: dict[str, tuple[str, ...]] = {
         "extra_shapes",
         "clip_heldout",
         "video_fraction",
+        "sft_direction_drill",
     )
 }
 
