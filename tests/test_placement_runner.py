@@ -496,4 +496,10 @@ def test_shared_mode_reads_counters_only_of_judges_the_run_starts(judge, reads):
     it for counters (each would be a round trip on the step's path, around every phase)."""
     cfg = load_config("configs/flow_grpo_genrm_tiny.yaml", ["placement.mode=shared", *judge])
     assert cfg.placement.log_memory
-    assert (placement(cfg).judges is not None) is reads
+    pl = placement(cfg)
+    assert (pl.judges is not None) is reads
+    if reads:  # a judge started by the run: its stand-in has no servers, counters read as 0
+        pl.judges.urls = []
+    produce(pl, Ctl(), 2, SAMPLING)
+    # the judge's idle share only where its counters were read (not a made-up 1.0)
+    assert ("placement/idle_frac_judge" in pl.end_step()) is reads

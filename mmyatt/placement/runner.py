@@ -492,6 +492,8 @@ class Placement:
             "chunks": self._acc["chunks"],
             "cut": self._acc["cut"],
             "scored": self._acc["scored"],
+            # 1 where the judges' counters were read (rank 0, a judge that has them)
+            "judge_read": float(self.judges is not None and self.judges.readable),
         }
         for name, v in self._peaks.items():
             local[f"peak_{name}"] = v
@@ -529,7 +531,8 @@ class Placement:
         threads = self.judge_threads(plan)
         if self.has_judge:
             n = max(1, self.s.judge_servers)
-            out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
+            if total["judge_read"]:  # not of a judge at reward.judge.urls, nor of vLLM's
+                out["placement/idle_frac_judge"] = 1.0 - total["judge_busy_s"] / n / step
             out["placement/judge_threads"] = float(threads)
             if plan is not None and plan.mode == "colocate":
                 ct, busy = self.colocate_threads, total["judge_busy_s"]
