@@ -280,6 +280,8 @@ def test_partial_streams_single_samples_to_a_pointwise_judge():
 class JudgeSpy:
     """The judges' control calls, in order."""
 
+    readable = True  # its counters are read (JudgeControl.readable)
+
     def __init__(self):
         self.calls = []
 
