@@ -117,8 +117,9 @@ JUNK_WEIGHTS = {**CONFLICT_WEIGHTS, "junk": 0.25}
 # in the other phrasings, and which a policy rewarded by them drifted into (at 0.8, about a
 # third of the negatives, 1000 steps brought it to 0.17; at 0.25, 400 steps, to 0.41).
 SHAPE_FIRST_WEIGHTS = {**JUNK_WEIGHTS, "shape_first": 0.8}
-# The second validation fold's held-out combinations (``describe_task.write_describe_task(val_fold=2)``):
-# each validation colour's other trained shape, and clips of them.
+# The second validation fold's held-out combinations
+# (``describe_task.write_describe_task(val_fold=2)``): each validation colour's other
+# trained shape, and clips of them.
 VAL_FOLD2_PAIRS: tuple[tuple[str, str], ...] = (
     ("yellow", "square"),
     ("cyan", "circle"),
@@ -255,6 +256,7 @@ def describe_records(
     return out
 
 
+# --- judge data -------------------------------------------------------------------------------
 def _negative(kind: str, rec: dict, rng: np.random.Generator, shapes=SHAPES) -> str:
     c, s, d = rec["colour"], rec["shape"], rec["direction"]
     # a wrong colour from the image's own group: palette for palette images, so that

@@ -21,6 +21,7 @@ from .shapes import (
     MOTION_HELDOUT,
     MOTION_HELDOUT_TEST,
     MOTION_HELDOUT_VAL,
+    mix_eval_split,
 )
 from .vision_tasks import write_split
 
@@ -46,13 +47,9 @@ def _eval_split(
         exclude_pairs=exclude_pairs,
         exclude_triples=exclude_triples,
     )
-    out, j = [], 0
-    for i, r in enumerate(held):
-        out.append({**r, "split": "heldout"})
-        if i % 2 == 1 and j < len(seen):
-            out.append({**seen[j], "split": "seen"})
-            j += 1
-    return out + [{**r, "split": "seen"} for r in seen[j:]]
+    return mix_eval_split(
+        [{**r, "split": "heldout"} for r in held], [{**r, "split": "seen"} for r in seen]
+    )
 
 
 def write_describe_task(
@@ -173,6 +170,3 @@ def direction_drill(records: list[dict]) -> list[dict]:
         for r in records
         if r.get("direction")
     ]
-
-
-# --- judge data -------------------------------------------------------------------------------
