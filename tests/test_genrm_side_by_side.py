@@ -29,3 +29,12 @@ def test_an_arm_that_runs_another_checkouts_code_is_refused(tmp_path):
     (tmp_path / "mmyatt" / "rewards").mkdir(parents=True)
     with pytest.raises(RuntimeError, match="imported its judge client from"):
         _arm(tmp_path, 4, 4, 1)
+
+
+def test_an_arm_that_cannot_import_says_what_is_missing(tmp_path):
+    # a baseline checkout whose code needs a package this environment lacks (52d040b's
+    # judge client needs httpx): the error names the module, not only "did not start"
+    (tmp_path / "mmyatt" / "rewards").mkdir(parents=True)
+    (tmp_path / "mmyatt" / "__init__.py").write_text("import mmyatt_missing_dependency\n")
+    with pytest.raises(RuntimeError, match="No module named 'mmyatt_missing_dependency'.*pip"):
+        _arm(tmp_path, 4, 4, 1)

@@ -135,8 +135,17 @@ def bench_genrm(quick: bool = False) -> dict:
     return result
 
 
+_MISSING_HINT = (
+    " (the arm runs that checkout's code in this Python environment: install what its"
+    " pyproject.toml needs and this one lacks, e.g. pip install 'httpx>=0.27' for a"
+    " revision whose judge client was on httpx)"
+)
+
+
 def _arm(root: Path, n1: int, n32: int, threads: int) -> subprocess.Popen:
-    """One arm's process (:mod:`mmyatt.bench.genrm_arm` on ``root``'s code), started."""
+    """One arm's process (:mod:`mmyatt.bench.genrm_arm` on ``root``'s code), started;
+    its error output goes to a temporary file, read back when it fails to start."""
+    log = tempfile.TemporaryFile()
     if root != ROOT and not (root / "mmyatt" / "rewards").exists():
         # pyproject maps mmyatt.models / .rewards / .datasets to top-level folders, and
         # the installed package maps them to this checkout's: linked into the other
@@ -145,11 +154,19 @@ def _arm(root: Path, n1: int, n32: int, threads: int) -> subprocess.Popen:
             (root / "mmyatt" / name).symlink_to(Path("..") / name)
     env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, genrm_arm.__file__, str(n1), str(n32), str(threads)]
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+    )
     hello = json.loads(proc.stdout.readline() or "{}")
     if not hello.get("ready"):
         proc.kill()
-        raise RuntimeError(f"the genrm arm on {root} did not start")
+        proc.wait()
+        log.seek(0)
+        tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
+        raise RuntimeError(
+            f"the genrm arm on {root} did not start: {tail[0] if tail else 'no error output'}"
+            + _MISSING_HINT * any("No module named" in line for line in tail)
+        )
     if not Path(hello["client_file"]).resolve().is_relative_to(root.resolve()):
         proc.kill()  # an installed package found first would time this checkout twice
         raise RuntimeError(
