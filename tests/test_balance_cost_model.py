@@ -71,6 +71,46 @@ def test_length_buckets_split_where_a_call_is_cheaper_than_padding():
     assert length_buckets(groups, cost, budget=140) == [[1, 3], [2], [0]]
 
 
+def _buckets_by_features(groups, cost, budget=0):
+    """The cut ``length_buckets`` makes, with every run's features computed from scratch
+    by ``features`` (the definition its one-group-at-a-time sums must agree with)."""
+    n = len(groups)
+    order = sorted(range(n), key=lambda i: (groups[i].width, groups[i].prompt, i))
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for end in range(1, n + 1):
+        for start in range(end - 1, -1, -1):
+            x = features([groups[i] for i in order[start:end]])
+            if budget > 0 and end - start > 1 and x[1] > budget:
+                break
+            if best[start] + cost(x) < best[end]:
+                best[end], cut[end] = best[start] + cost(x), start
+    runs, end = [], n
+    while end > 0:
+        runs.append(sorted(order[cut[end] : end]))
+        end = cut[end]
+    return runs[::-1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_length_buckets_agree_with_features_of_every_run(seed):
+    rng = np.random.default_rng(seed)
+    groups = [
+        GroupShape(
+            rows=int(rng.integers(1, 9)),
+            prompt=int(rng.integers(1, 80)),
+            actions=tuple(int(a) for a in rng.integers(0, 48, size=int(rng.integers(1, 9)))),
+            image_patches=int(rng.integers(0, 3)) * 64,
+            clip_patches=int(rng.integers(0, 3)) * 256,
+            transitions=int(rng.integers(0, 4)),
+        )
+        for _ in range(int(rng.integers(1, 13)))
+    ]
+    coef = rng.uniform(0, 1, size=6) * np.array([500, 1, 1e-2, 1, 1, 50])
+    cost = lambda x: float(np.dot(coef, x))  # noqa: E731
+    for budget in (0, 400, 2000):
+        assert length_buckets(groups, cost, budget) == _buckets_by_features(groups, cost, budget)
+
+
 def test_nnls_by_hand():
     X = np.array([[1.0, 0], [1, 10], [1, 20], [1, 30]])
     y = 0.5 + 0.1 * X[:, 1]

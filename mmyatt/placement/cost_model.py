@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import mul
 
 import numpy as np
 import torch
@@ -142,12 +143,30 @@ def length_buckets(
     if n == 0:
         return []
     order = sorted(range(n), key=lambda i: (groups[i].width, groups[i].prompt, i))
+    g = [groups[i] for i in order]
+    longest = [max(x.actions, default=0) for x in g]
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for end in range(1, n + 1):
+        # the features of run [start, end), grown one group at a time (as ``features``
+        # computes them for the run at once)
+        wide = long = rows = image = clip = steps = 0
         for start in range(end - 1, -1, -1):
-            x = features([groups[i] for i in order[start:end]])
-            if budget > 0 and end - start > 1 and x[1] > budget:
+            x_g = g[start]
+            wide, long = max(wide, x_g.prompt), max(long, longest[start])
+            rows += x_g.rows
+            image, clip = image + x_g.image_patches, clip + x_g.clip_patches
+            steps += x_g.transitions
+            k = end - start
+            x = [
+                1.0,
+                float(k * wide + rows * long),
+                float(k * wide * wide + rows * long * (wide + long)),
+                float(image),
+                float(clip),
+                float(steps),
+            ]
+            if budget > 0 and k > 1 and x[1] > budget:
                 break  # a longer run pads to more still
             c = best[start] + cost(x)
             if c < best[end]:
@@ -193,7 +212,7 @@ class CostModel:
             self.fitted = True
 
     def predict(self, x: Sequence[float], kind: str = "train") -> float:
-        return float(sum(c * v for c, v in zip(self.coef[kind], x)))
+        return float(sum(map(mul, self.coef[kind], x)))
 
     def fit(self, observations: Sequence[tuple[str, Sequence[float], float]]) -> None:
         """Each pass kind with observations gets its least-squares coefficients; a kind
