@@ -187,6 +187,7 @@ def balance_rows() -> Rows:
     d, res = load("bench/balance.json"), "results/bench/balance.json"
     names = {
         "text_skewed": "skewed text: rank 0 prompts of 20-40 terms, rank 1 of 1-2",
+        "text_skewed_long": "skewed text, long prompts: rank 0 prompts of 100-200 terms, rank 1 of 1-2",
         "vlm_mixed": "images and clips: rank 0 the clips, rank 1 the images",
         "text_balanced": "balanced text: prompts of 1-40 terms on both ranks",
     }

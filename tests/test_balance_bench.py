@@ -51,3 +51,17 @@ def test_quick_form_measures_every_arm(tmp_path):
     assert wl["dispatch"]["dispatch_moved"] > 0 and wl["on"]["dispatch_moved"] is None
     assert wl["dispatch"]["dispatch_max_over_mean_after"] < 1.1
     assert wl["step_s_dispatch_over_off"]["per_round"][0] > 0
+
+
+def test_skewed_workloads_give_rank_0_the_long_prompts(tmp_path):
+    for wl, (lo, hi) in (("text_skewed", (20, 40)), ("text_skewed_long", (100, 200))):
+        recs = [json.loads(x) for x in balance._text_data(tmp_path, wl).read_text().splitlines()]
+        terms = [r["prompt"].count("1") for r in recs]
+        assert all(lo <= n <= hi for n in terms[0::2]), wl  # even records: rank 0's
+        assert all(1 <= n <= 2 for n in terms[1::2]), wl
+        assert [int(r["answer"]) for r in recs] == terms
+    even = [
+        json.loads(x)
+        for x in balance._text_data(tmp_path, "text_balanced").read_text().splitlines()
+    ]
+    assert all(1 <= r["prompt"].count("1") <= 40 for r in even)

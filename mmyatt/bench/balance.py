@@ -5,7 +5,10 @@ round run one after the other, in an order that rotates from round to round, so 
 share the machine's load of those minutes):
 
 - text_skewed: rank 0 draws prompts of 20-40 terms, rank 1 prompts of 1-2 terms (the
-  placement bench's balance workload): rank 0's update is the slow one;
+  placement bench's balance workload): rank 0's update is the slow one, though on this
+  small model a call's fixed cost outweighs its 40-80 prompt tokens;
+- text_skewed_long: rank 0 draws prompts of 100-200 terms (200-400 tokens), rank 1
+  prompts of 1-2: the skew where the update's time goes (its tokens, not its calls);
 - vlm_mixed: a tiny Qwen2-VL on a batch of images and clips (8-frame mp4s, about four
   times an image's vision tokens), rank 0 drawing the clips and rank 1 the images;
   the vision tower is frozen in both arms (balancing moves its features);
@@ -45,7 +48,7 @@ from mmyatt.placement.bench_figures import paired_ratio
 
 logger = logging.getLogger(__name__)
 
-WORKLOADS = ("text_skewed", "vlm_mixed", "text_balanced")
+WORKLOADS = ("text_skewed", "text_skewed_long", "vlm_mixed", "text_balanced")
 ARMS = {
     "off": ["placement.balance=false"],
     "on": ["placement.balance=true"],
@@ -79,16 +82,19 @@ def _mean(vals: list) -> float | None:
     return statistics.fmean(nums) if nums else None
 
 
-def _text_data(tmp: Path, skewed: bool) -> Path:
+LONG_TERMS = {"text_skewed": (20, 40), "text_skewed_long": (100, 200)}  # rank 0's prompts
+
+
+def _text_data(tmp: Path, wl: str) -> Path:
     rng = random.Random(0)
     recs = []
     for i in range(400):
-        if skewed:  # even records (rank 0) long, odd (rank 1) short
-            n = rng.randint(20, 40) if i % 2 == 0 else rng.randint(1, 2)
+        if wl in LONG_TERMS:  # even records (rank 0) long, odd (rank 1) short
+            n = rng.randint(*LONG_TERMS[wl]) if i % 2 == 0 else rng.randint(1, 2)
         else:
             n = rng.randint(1, 40)
         recs.append({"prompt": "+".join(["1"] * n) + "=", "answer": str(n)})
-    return write_jsonl(tmp / ("skewed.jsonl" if skewed else "even.jsonl"), recs)
+    return write_jsonl(tmp / f"{wl}.jsonl", recs)
 
 
 def _vlm_data(tmp: Path, n: int) -> Path:
@@ -119,12 +125,12 @@ def _workload(tmp: Path, wl: str, steps: int, policy: Path | None) -> tuple[Path
         data = _vlm_data(tmp, 64)
         over = [f"data.train={data}", f"data.eval={data}", "model.freeze=[model.visual]"]
         return CONFIGS / "vlm_grpo_video_tiny.yaml", common + over + ["model.max_prompt_tokens=256"]
-    data = _text_data(tmp, skewed=wl == "text_skewed")
+    data = _text_data(tmp, wl)
     over = [
         f"model.path={policy}",
         f"data.train={data}",
         f"data.eval={data}",
-        "model.max_prompt_tokens=128",
+        f"model.max_prompt_tokens={480 if wl == 'text_skewed_long' else 128}",
         "sampling.max_new_tokens=48",
         f"sampling.stop={json.dumps(STOP)}",
         *RULE,
