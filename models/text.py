@@ -65,7 +65,9 @@ class TextPolicy:
     """The Policy protocol for a causal LM and its tokenizer.
 
     ``max_prompt_tokens`` fixes the prompt width P: prompts are left-padded to exactly
-    P so rollouts from different sampling rounds concatenate. A longer prompt raises
+    P so rollouts from different sampling rounds concatenate (generation runs its
+    forward passes without the columns that are padding in every prompt of the call, and
+    puts them back in the rollout). A longer prompt raises
     ``PromptTooLongError`` ("reject") or keeps its last P tokens ("truncate", counted in
     ``stats["prompts_truncated"]``). Prompts that are message lists always go through
     the tokenizer's chat template; string prompts do when ``use_chat_template``, as a
@@ -245,17 +247,26 @@ class TextPolicy:
         G, A = group_size, sampling.max_new_tokens
 
         # Prefill each prompt once (B rows), then repeat its cache for the G samples.
-        prompt_b, mask_b = self._left_pad(self.encode_prompts(prompts), device)
+        # Columns that are padding in every prompt are left out of the forward passes
+        # (they weigh exactly 0 in every softmax and do not shift the positions) and put
+        # back in the rollout, whose prompts are P wide; the fixed-shape decode steps of
+        # hf_static_cache keep them, as their cache shape is P + A.
+        full_b, full_mask = self._left_pad(self.encode_prompts(prompts), device)
+        lead = (
+            0
+            if self.fast_decode is not None
+            else self.max_prompt_tokens - max(1, int(full_mask.sum(1).max()))
+        )
+        prompt_b, mask_b = full_b[:, lead:], full_mask[:, lead:]
         positions = (mask_b.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
         cache = decode.new_cache(self.model)
         out = self._forward(prompt_b, mask_b, positions, cache=cache, keep=1)
         first_logits = out.logits[:, -1].repeat_interleave(G, 0)  # (N, V)
         if G > 1:
             cache.batch_repeat_interleave(G)
-        prompt_ids = prompt_b.repeat_interleave(G, 0)  # (N, P)
-        prompt_mask = mask_b.repeat_interleave(G, 0)  # (N, P)
-        P = prompt_ids.shape[1]
-        attn = decode.attention_buffer(prompt_mask, A)  # (N, P + A)
+        prompt_mask = mask_b.repeat_interleave(G, 0)  # (N, P - lead)
+        P = prompt_mask.shape[1]
+        attn = decode.attention_buffer(prompt_mask, A)  # (N, P - lead + A)
         next_position = prompt_mask.sum(-1, keepdim=True)  # (N, 1) position of action 0
 
         def forward_next(token: Tensor, t: int) -> Tensor:
@@ -298,8 +309,8 @@ class TextPolicy:
             logprobs=logprobs,
             mask=mask,
             context={
-                "input_ids": torch.cat([prompt_ids, actions], 1),
-                "attention_mask": torch.cat([prompt_mask, mask.long()], 1),
+                "input_ids": torch.cat([full_b.repeat_interleave(G, 0), actions], 1),
+                "attention_mask": torch.cat([full_mask.repeat_interleave(G, 0), mask.long()], 1),
                 "temperature": temperature,
             },
             outputs=outputs,

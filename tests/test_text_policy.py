@@ -170,6 +170,31 @@ def test_rollouts_from_different_rounds_concatenate(policy):
     assert torch.allclose(lp[m], both.logprobs[m], atol=1e-5)
 
 
+def test_padding_columns_are_left_out_of_generation_and_kept_in_the_rollout(tiny_dir):
+    # the same prompts at P = 32 and P = 200: the forward passes of the second leave out
+    # its extra padding columns (every prompt is far shorter), so the samples are the same
+    # and so are their log-probs up to float rounding; the rollout is still P wide
+    s = Sampling(max_new_tokens=6)
+    narrow, wide = (TextPolicy.load(tiny_dir, max_prompt_tokens=n) for n in (32, 200))
+    a = narrow.generate(PROMPTS[:2], 3, s, [5, 6])
+    calls = []
+    forward = wide.model.forward
+    wide.model.forward = lambda *x, **k: calls.append(k["input_ids"].shape) or forward(*x, **k)
+    b = wide.generate(PROMPTS[:2], 3, s, [5, 6])
+    longest = max(len(ids) for ids in wide.encode_prompts(PROMPTS[:2]))
+    assert calls[0] == (2, longest)  # the prefill: the longest prompt's width, not 200
+    assert torch.equal(a.actions, b.actions) and torch.equal(a.mask, b.mask)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert b.context["input_ids"].shape == (6, 200 + 6)
+    assert torch.equal(b.context["input_ids"][:, -38:], a.context["input_ids"])
+    assert torch.equal(b.context["attention_mask"][:, -38:], a.context["attention_mask"])
+    assert int(b.context["attention_mask"][:, :-38].sum()) == 0
+    with torch.no_grad():  # the update reads the P-wide rollout as the sampler computed it
+        lp = wide.logprobs(b)
+    m = b.mask.bool()
+    assert torch.allclose(lp[m], b.logprobs[m], atol=1e-5)
+
+
 # --- prompts ----------------------------------------------------------------------------
 def test_too_long_prompt_is_rejected_with_its_name(tiny_dir):
     policy = TextPolicy.load(tiny_dir, max_prompt_tokens=8)
