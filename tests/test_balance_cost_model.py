@@ -168,6 +168,22 @@ def test_no_move_when_the_exchange_costs_more_than_it_saves():
     assert plan.stats["balance/applied"] == 0.0
 
 
+def test_no_move_for_a_gain_within_the_models_recent_error():
+    # the skewed step's predicted gain is 0.8 ms and its exchange 0.2 ms (above); the
+    # update with the groups held is predicted at 29.8 ms
+    b = _balancer()
+    b.exchanges = [(100.0, 1e-4), (300.0, 3e-4)]
+    b.errors = [0.02, 0.04]  # the model has been off by 3% lately: 0.894 ms of noise
+    plan = b._decide(_skewed())
+    assert plan.stats["balance/predicted_margin_s"] == pytest.approx(0.03 * 0.0298)
+    assert not plan.applied and plan.dest == plan.owner
+    b.errors = [0.01]  # 0.298 ms: 0.8 ms beats 0.2 + 0.298
+    assert b._decide(_skewed()).applied
+    again = Balancer(Dist(0, 2), "text", Settings(fit_steps=1), token_plan)
+    again.load_state_dict(b.state_dict())  # the errors are run state: resume plans alike
+    assert again.errors == [0.01]
+
+
 def test_no_move_on_a_balanced_step_or_while_fitting():
     b = _balancer()
     g = _group(30, [8] * 8)

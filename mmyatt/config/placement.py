@@ -68,8 +68,9 @@ class PlacementConfig(Section):
     update"""
     balance_when: Literal["pays", "always"] = "pays"
     """balance: move groups only when the cost model (fitted on this run's measured
-    micro-batch times) predicts a shorter update than the exchange costs (pays), or every
-    step by token counts (always); mmyatt/placement/balancer.py"""
+    micro-batch times) predicts an update shorter by more than the exchange costs and
+    the model's recent error (pays), or every step by token counts (always);
+    mmyatt/placement/balancer.py"""
     balance_fit_steps: Int = Field(2, ge=1)
     """balance: steps measured (nothing moves) before the cost model is first fitted"""
     balance_refit_error: Float = Field(0.15, gt=0)

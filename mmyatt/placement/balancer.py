@@ -10,7 +10,11 @@ from Karmarkar-Karp on each group's own cost) that minimises the slowest rank's
 predicted update plus the predicted time of moving the groups; it is applied only when
 the predicted gain over keeping the groups where they are beats the exchange's own
 predicted time (fitted on measured exchanges, a fixed part and a part per element
-moved; before the first one is measured a positive gain is tried once), and only while
+moved; before the first one is measured a positive gain is tried once) plus the
+model's own recent error on the update it predicts (the mean of the last ``RECENT``
+steps' ``balance/model_error`` times the predicted update with the groups held: a gain
+smaller than the model's error is noise, and moving for it costs the exchange and the
+bucketed passes), and only while
 the steps that moved groups measure a shorter update than the steps that did not, each
 over its own predicted update with the groups held (``_measured_check``). During the
 first ``placement.balance_fit_steps`` steps nothing moves: the update is measured and
@@ -22,6 +26,7 @@ model is refitted when they differ by more than ``placement.balance_refit_error`
 Logged: ``balance/applied``, ``balance/predicted_gain_s``, ``balance/predicted_exchange_s``,
 ``balance/predicted_s`` / ``balance/measured_s`` (slowest rank; per rank with
 ``/rank{i}``), ``balance/model_error`` (largest relative error over ranks),
+``balance/predicted_margin_s`` (the model's recent error on the held update),
 ``balance/refit``, ``balance/exchange_s``, ``balance/realized_s`` (the update as it ran,
 from the plan to the end); and on every multi-controller run the wait
 at the gradient all-reduce, ``dist/idle_s/rank{i}`` and ``dist/idle_s`` (summed).
@@ -104,6 +109,7 @@ class Balancer:
         self.model = CostModel()
         self.observations: list[tuple[str, list[float], float]] = []
         self.exchanges: list[tuple[float, float]] = []  # (elements moved, seconds)
+        self.errors: list[float] = []  # the model's relative error, latest steps
         self.steps = 0
         self.no_grad_passes = 0
         self._local: list[tuple[str, list[float], float]] = []
@@ -192,11 +198,15 @@ class Balancer:
         )
         gain = _slowest(held_s) - _slowest(new_s)
         cost = (per_el[0] + per_el[1] * moved) if moved or encode else 0.0
+        margin = _slowest(held_s) * sum(self.errors) / len(self.errors) if self.errors else 0.0
         stats["balance/predicted_gain_s"] = gain
         stats["balance/predicted_exchange_s"] = cost
+        stats["balance/predicted_margin_s"] = margin
         explore = not self.exchanges  # nothing measured yet: try a positive gain once
-        pays = (moved > 0 or encode) and gain > max(cost, 0.0)
-        why = f"gain {gain:.4f} s, exchange {cost:.4f} s" + (" (first try)" if explore else "")
+        pays = (moved > 0 or encode) and gain > max(cost, 0.0) + margin
+        why = f"gain {gain:.4f} s, exchange {cost:.4f} s, model error {margin:.4f} s" + (
+            " (first try)" if explore else ""
+        )
         if pays:
             pays, why = self._measured_check(why)
         if not pays:
@@ -370,6 +380,7 @@ class Balancer:
             out["balance/predicted_s"] = max(plan.predicted)
             out["balance/measured_s"] = max(measured)
             out["balance/model_error"] = error
+            self.errors = (self.errors + [error])[-RECENT:]
             for r in range(P):
                 out[f"balance/predicted_s/rank{r}"] = plan.predicted[r]
                 out[f"balance/measured_s/rank{r}"] = measured[r]
@@ -396,6 +407,7 @@ class Balancer:
             "no_grad_passes": self.no_grad_passes,
             "realized": {k: list(v) for k, v in self.realized.items()},
             "declined": self.declined,
+            "errors": list(self.errors),
         }
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -408,6 +420,7 @@ class Balancer:
         self.no_grad_passes = int(state["no_grad_passes"])
         self.realized = {k: [float(x) for x in v] for k, v in state["realized"].items()}
         self.declined = int(state["declined"])
+        self.errors = [float(e) for e in state.get("errors", [])]
 
 
 def _encoded(g: GroupShape) -> GroupShape:
