@@ -69,8 +69,10 @@ VISION_SPECIAL_TOKENS = (
 class VLMPolicy:
     """The Policy protocol for a Qwen2-VL / Qwen2.5-VL model, tokenizer and image processor.
 
-    ``max_prompt_tokens`` fixes the prompt width P (image/video tokens included); a
-    longer prompt raises ``PromptTooLongError`` (truncating would cut vision tokens).
+    ``max_prompt_tokens`` fixes the prompt width P (image/video tokens included) of the
+    rollout (generation leaves out the columns that are padding in every prompt of the
+    call and puts them back); a longer prompt raises ``PromptTooLongError``
+    (truncating would cut vision tokens).
     String prompts become one user message with the record's images and video before
     the text; message-list prompts (OpenAI style, parts ``text`` / ``image`` /
     ``image_url`` / ``video``) are used as given, parts without a payload taking the
@@ -276,9 +278,14 @@ class VLMPolicy:
         temperature = float(sampling.temperature) if sampling.temperature > 0 else 1.0
         device = self._device()
         A = sampling.max_new_tokens
-        ids_b, attn_b = self._left_pad([p["ids"] for p in prepared], width, device)
+        full_ids, full_attn = self._left_pad([p["ids"] for p in prepared], width, device)
+        # columns that are padding in every prompt stay out of the forward passes (as in
+        # the text adapter) and come back in the rollout; the fixed-shape steps keep them
+        lead = 0 if self.fast_decode is not None else int((full_attn.sum(0) == 0).cumprod(0).sum())
+        lead = min(lead, full_ids.shape[1] - 1)
+        ids_b, attn_b = full_ids[:, lead:], full_attn[:, lead:]
         media_b = [p["media"] for p in prepared]
-        positions_b = self.forward.positions(ids_b, attn_b, media_b)  # (3, B, P)
+        positions_b = self.forward.positions(ids_b, attn_b, media_b)  # (3, B, P - lead)
 
         # Prefill each prompt once, then repeat its cache for the G samples.
         cache = decode.new_cache(self.model)
@@ -288,7 +295,6 @@ class VLMPolicy:
         last_logits = out.logits[:, -1].repeat_interleave(G, 0)
         if G > 1:
             cache.batch_repeat_interleave(G)
-        prompt_ids = ids_b.repeat_interleave(G, 0)
         prompt_mask = attn_b.repeat_interleave(G, 0)
         next_pos = positions_b[0, :, -1].repeat_interleave(G, 0) + 1  # (N,) first action
         attn = decode.attention_buffer(prompt_mask, A)  # (N, P + A)
@@ -325,8 +331,8 @@ class VLMPolicy:
             mask=mask,
             stopped=stopped,
             outputs=outputs,
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
+            prompt_ids=full_ids.repeat_interleave(G, 0),
+            prompt_mask=full_attn.repeat_interleave(G, 0),
             temperature=temperature,
         )
 

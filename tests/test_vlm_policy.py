@@ -170,6 +170,33 @@ def test_ratio_one_with_image_paths_and_qwen25(tiny25_dir, tmp_path):
     assert torch.allclose(lp2, torch.cat([lp[4:6], lp[0:2]]), atol=1e-5)
 
 
+def test_padding_columns_are_left_out_of_generation_and_kept_in_the_rollout(tiny_dir):
+    # an image prompt and a clip prompt at P = 48 and at P = 160: the second's forward
+    # passes leave out its extra padding columns, so the samples are the same and so are
+    # their log-probs up to float rounding; its rollout is still P wide
+    prompts = [
+        {"prompt": "What colour is the shape?", "image": square("red"), "id": "image"},
+        {"prompt": "Which way does it move?", "video": moving_frames(4), "id": "clip"},
+    ]
+    s = Sampling(max_new_tokens=5)
+    narrow, wide = (VLMPolicy.load(tiny_dir, max_prompt_tokens=n) for n in (48, 160))
+    a = narrow.generate(prompts, 2, s, [3, 4])
+    widths = []
+    forward = wide.model.forward
+    wide.model.forward = lambda *x, **k: widths.append(k["input_ids"].shape[1]) or forward(*x, **k)
+    b = wide.generate(prompts, 2, s, [3, 4])
+    assert widths[0] < 48  # the prefill: the longest prompt's width
+    assert torch.equal(a.actions, b.actions) and torch.equal(a.mask, b.mask)
+    assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert b.context["input_ids"].shape == (4, 160 + 5)
+    assert torch.equal(b.context["input_ids"][:, -53:], a.context["input_ids"])
+    assert int(b.context["attention_mask"][:, :-53].sum()) == 0
+    with torch.no_grad():
+        lp = wide.logprobs(b)
+    m = b.mask.bool()
+    assert torch.allclose(lp[m], b.logprobs[m], atol=1e-5)
+
+
 def test_never_samples_vision_tokens(policy):
     # Make the vision tokens the most likely ones: sampling must still avoid them.
     head = policy.module().get_output_embeddings()
