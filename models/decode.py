@@ -307,6 +307,14 @@ def attention_buffer(prompt_mask: Tensor, max_new_tokens: int) -> Tensor:
     return torch.cat([prompt_mask, prompt_mask.new_ones(n, max_new_tokens)], 1)
 
 
+def first_used_column(prompt_mask: Tensor) -> int:
+    """The first column of a left-padded (rows, P) prompt mask that is not padding in
+    every row (P - 1 when every column is): the columns before it weigh exactly 0 in
+    every softmax and shift no position, so a forward may leave them out."""
+    used = prompt_mask.any(0).nonzero()
+    return int(used[0]) if len(used) else prompt_mask.shape[1] - 1
+
+
 def share_prefix_rows(ids: Tensor, attn: Tensor) -> tuple[Tensor, Tensor]:
     """Rows whose (ids, attention mask) equal the previous row's share its prefix.
 

@@ -252,11 +252,7 @@ class TextPolicy:
         # back in the rollout, whose prompts are P wide; the fixed-shape decode steps of
         # hf_static_cache keep them, as their cache shape is P + A.
         full_b, full_mask = self._left_pad(self.encode_prompts(prompts), device)
-        lead = (
-            0
-            if self.fast_decode is not None
-            else self.max_prompt_tokens - max(1, int(full_mask.sum(1).max()))
-        )
+        lead = 0 if self.fast_decode is not None else decode.first_used_column(full_mask)
         prompt_b, mask_b = full_b[:, lead:], full_mask[:, lead:]
         positions = (mask_b.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift RoPE
         cache = decode.new_cache(self.model)
@@ -341,8 +337,7 @@ class TextPolicy:
         A = actions.shape[1]
         P = ids.shape[1] - A
 
-        used = attn[:, :P].any(0).nonzero()
-        first = int(used[0]) if len(used) else P - 1
+        first = decode.first_used_column(attn[:, :P])
         live = mask.any(0).nonzero()
         last = int(live[-1]) + 1 if len(live) else 1  # action columns to score
         # Position P - 1 + k predicts action k, so the last action is never an input.

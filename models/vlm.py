@@ -281,8 +281,7 @@ class VLMPolicy:
         full_ids, full_attn = self._left_pad([p["ids"] for p in prepared], width, device)
         # columns that are padding in every prompt stay out of the forward passes (as in
         # the text adapter) and come back in the rollout; the fixed-shape steps keep them
-        lead = 0 if self.fast_decode is not None else int((full_attn.sum(0) == 0).cumprod(0).sum())
-        lead = min(lead, full_ids.shape[1] - 1)
+        lead = 0 if self.fast_decode is not None else decode.first_used_column(full_attn)
         ids_b, attn_b = full_ids[:, lead:], full_attn[:, lead:]
         media_b = [p["media"] for p in prepared]
         positions_b = self.forward.positions(ids_b, attn_b, media_b)  # (3, B, P - lead)
@@ -358,8 +357,7 @@ class VLMPolicy:
         mask = rollout.mask.to(device).bool()
         N, A = actions.shape
         P = ids.shape[1] - A
-        used = attn[:, :P].any(0).nonzero()
-        first = int(used[0]) if len(used) else P - 1
+        first = decode.first_used_column(attn[:, :P])
         live = mask.any(0).nonzero()
         last = int(live[-1]) + 1 if len(live) else 1
         ids, attn = ids[:, first : P + last - 1], attn[:, first : P + last - 1]
