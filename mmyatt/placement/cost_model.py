@@ -117,17 +117,30 @@ def features(groups: Sequence[GroupShape]) -> list[float]:
     """``FEATURES`` of one pass over ``groups`` together (one call)."""
     if not groups:
         return [0.0] * len(FEATURES)
-    wide = max(g.prompt for g in groups)
-    long = max(max(g.actions, default=0) for g in groups)
-    rows = sum(g.rows for g in groups)
+    return _pass_features(
+        len(groups),
+        max(g.prompt for g in groups),
+        max(max(g.actions, default=0) for g in groups),
+        sum(g.rows for g in groups),
+        sum(g.image_patches for g in groups),
+        sum(g.clip_patches for g in groups),
+        sum(g.transitions for g in groups),
+    )
+
+
+def _pass_features(
+    groups: int, wide: int, long: int, rows: int, image: int, clip: int, steps: int
+) -> list[float]:
+    """``FEATURES`` of a pass over ``groups`` prompt groups of ``rows`` rows in all, padded
+    to the widest prompt ``wide`` and the longest completion ``long``."""
     return [
         1.0,
-        float(len(groups) * wide + rows * long),
+        float(groups * wide + rows * long),
         # query-key pairs: each prompt over itself, each completion over prompt and itself
-        float(len(groups) * wide * wide + rows * long * (wide + long)),
-        float(sum(g.image_patches for g in groups)),
-        float(sum(g.clip_patches for g in groups)),
-        float(sum(g.transitions for g in groups)),
+        float(groups * wide * wide + rows * long * (wide + long)),
+        float(image),
+        float(clip),
+        float(steps),
     ]
 
 
@@ -148,8 +161,8 @@ def length_buckets(
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for end in range(1, n + 1):
-        # the features of run [start, end), grown one group at a time (as ``features``
-        # computes them for the run at once)
+        # the features of run [start, end), its maxima and sums grown one group at a
+        # time instead of ``features`` over the whole run for every start
         wide = long = rows = image = clip = steps = 0
         for start in range(end - 1, -1, -1):
             x_g = g[start]
@@ -158,14 +171,7 @@ def length_buckets(
             image, clip = image + x_g.image_patches, clip + x_g.clip_patches
             steps += x_g.transitions
             k = end - start
-            x = [
-                1.0,
-                float(k * wide + rows * long),
-                float(k * wide * wide + rows * long * (wide + long)),
-                float(image),
-                float(clip),
-                float(steps),
-            ]
+            x = _pass_features(k, wide, long, rows, image, clip, steps)
             if budget > 0 and k > 1 and x[1] > budget:
                 break  # a longer run pads to more still
             c = best[start] + cost(x)
